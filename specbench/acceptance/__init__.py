@@ -1,0 +1,7 @@
+"""Acceptance rules: which path of a verified tree to keep, and the next token after it."""
+
+from specbench.acceptance.base import Acceptance, AcceptanceRule
+from specbench.acceptance.exact import ExactAcceptance
+from specbench.acceptance.sampling import SamplingParams
+
+__all__ = ["Acceptance", "AcceptanceRule", "ExactAcceptance", "SamplingParams"]

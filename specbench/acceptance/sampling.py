@@ -1,0 +1,50 @@
+"""Sampling parameters shared by the baseline and every method, so both draw from the same target distribution."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specbench.errors import SpecbenchError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 means greedy
+    top_p: float = 1.0
+    top_k: int = 0  # 0 means no top-k cut
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise SpecbenchError(f"sampling.temperature={self.temperature} is invalid: use 0 (greedy) or a value > 0")
+        if not 0 < self.top_p <= 1:
+            raise SpecbenchError(f"sampling.top_p={self.top_p} is invalid: it must lie in (0, 1]")
+        if self.top_k < 0:
+            raise SpecbenchError(f"sampling.top_k={self.top_k} is invalid: use 0 (off) or a positive integer")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """Target distribution(s) after temperature, top-k and top-p; one-hot at the argmax when greedy."""
+        logits = logits.float()
+        if self.greedy:
+            return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+        logits = logits / self.temperature
+        if self.top_k:
+            kth = torch.topk(logits, min(self.top_k, logits.shape[-1]), dim=-1).values[..., -1:]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if self.top_p < 1:
+            sorted_logits, order = torch.sort(logits, descending=True, dim=-1)
+            cum = sorted_logits.softmax(-1).cumsum(-1)
+            drop_sorted = cum - sorted_logits.softmax(-1) >= self.top_p  # keep the smallest prefix reaching top_p
+            drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+            logits = logits.masked_fill(drop, float("-inf"))
+        return logits.softmax(-1)
+
+    def sample(self, logits: torch.Tensor, generator: torch.Generator | None = None) -> int:
+        if self.greedy:
+            return int(logits.argmax(-1))
+        return int(torch.multinomial(self.probs(logits), 1, generator=generator))

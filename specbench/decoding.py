@@ -1,0 +1,126 @@
+"""The one decoding loop every method runs through: prefill, then draft -> verify -> accept -> commit -> observe.
+
+Autoregressive decoding is the same loop with a drafter that proposes nothing, so baseline and method timings
+compare like with like (the same model calls, the same cache, the same bookkeeping).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from specbench.acceptance.base import AcceptanceRule
+from specbench.acceptance.sampling import SamplingParams
+from specbench.drafters.base import DecodeState, Drafter, StepOutcome
+from specbench.errors import SpecbenchError
+from specbench.trees.token_tree import TokenTree
+from specbench.verification import VerifyOutput, cache_bytes, commit_path, verify_tree
+
+
+@dataclass
+class StepRecord:
+    tree_size: int  # nodes verified, root included
+    accepted: int  # draft tokens accepted (the bonus token excluded)
+    draft_time: float  # propose + observe
+    verify_time: float  # the target forward
+    step_time: float  # the whole step, bookkeeping included
+
+
+@dataclass
+class Generation:
+    prompt_len: int
+    tokens: list[int]  # new tokens, the first one from prefill
+    prefill_time: float
+    wall_time: float  # prefill included
+    steps: list[StepRecord] = field(default_factory=list)
+    kv_cache_bytes: int = 0
+
+    @property
+    def accept_lengths(self) -> list[int]:
+        """Tokens gained per decode step, the bonus included (Spec-Bench's accept_lengths; 1 for every AR step)."""
+        return [s.accepted + 1 for s in self.steps]
+
+
+class Decoder:
+    def __init__(self, model, drafter: Drafter, acceptance: AcceptanceRule, sampling: SamplingParams,
+                 max_new_tokens: int, eos_token_ids: list[int] | tuple[int, ...] = (), seed: int = 0,
+                 max_context: int | None = None) -> None:
+        if max_new_tokens < 1:
+            raise SpecbenchError(f"max_new_tokens={max_new_tokens} is invalid: it must be >= 1")
+        self.model, self.drafter, self.acceptance, self.sampling = model, drafter, acceptance, sampling
+        self.max_new_tokens, self.eos, self.seed = max_new_tokens, set(eos_token_ids), seed
+        self.max_context = max_context or getattr(model.config, "max_position_embeddings", None) or 2**31
+        self._sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
+
+    def _clock(self) -> float:
+        self._sync()
+        return time.perf_counter()
+
+    @torch.inference_mode()
+    def generate(self, prompt_ids: list[int]) -> Generation:
+        prompt_len = len(prompt_ids)
+        if prompt_len == 0:
+            raise SpecbenchError("the prompt is empty: it must hold at least one token")
+        if prompt_len >= self.max_context:
+            raise SpecbenchError(f"the prompt has {prompt_len} tokens, more than the model's context of "
+                                 f"{self.max_context} allows; shorten it or pick a model with a longer context")
+        generator = torch.Generator().manual_seed(self.seed)
+        cache = DynamicCache()
+        want_hidden = self.drafter.needs_hidden_states
+
+        start = self._clock()
+        out = self.model(input_ids=torch.tensor([prompt_ids], device=self.model.device), past_key_values=cache,
+                         use_cache=True, output_hidden_states=want_hidden)
+        last = VerifyOutput(out.logits[0, -1:].float(), out.hidden_states[-1][0, -1:] if want_hidden else None)
+        first = self.sampling.sample(last.logits[0], generator)
+        state = DecodeState(tokens=list(prompt_ids) + [first], prompt_len=prompt_len, last=last)
+        self.drafter.reset(state)
+        gen = Generation(prompt_len, [first], prefill_time=self._clock() - start, wall_time=0.0)
+
+        done = self._finished(gen, [first])
+        while not done:
+            t0 = self._clock()
+            tree = self._fit_context(self.drafter.propose(state), cache.get_seq_length())
+            t1 = self._clock()
+            past_len = cache.get_seq_length()
+            extras = self.drafter.verify_extras(tree)
+            vout = verify_tree(self.model, cache, tree, want_hidden, *(extras or (None, None)))
+            t2 = self._clock()
+            acc = self.acceptance.accept(tree, vout.logits[: len(tree)], self.sampling, generator)
+            commit_path(cache, past_len, acc.path)
+            new_tokens = tree.tokens[acc.path[1:]].tolist() + [acc.next_token]
+            state.tokens.extend(new_tokens)
+            state.last = VerifyOutput(vout.logits[acc.path], vout.hidden[acc.path] if want_hidden else None)
+            t3 = self._clock()
+            self.drafter.observe(StepOutcome(tree, acc.path, acc.next_token, vout))
+            t4 = self._clock()
+            gen.tokens.extend(new_tokens)
+            gen.steps.append(StepRecord(len(tree), acc.accepted, draft_time=(t1 - t0) + (t4 - t3),
+                                        verify_time=t2 - t1, step_time=t4 - t0))
+            done = self._finished(gen, new_tokens)
+
+        gen.tokens = self._truncate(gen.tokens)
+        gen.wall_time = self._clock() - start
+        gen.kv_cache_bytes = cache_bytes(cache)
+        return gen
+
+    def _finished(self, gen: Generation, new_tokens: list[int]) -> bool:
+        return (len(gen.tokens) >= self.max_new_tokens or not self.eos.isdisjoint(new_tokens)
+                or gen.prompt_len + len(gen.tokens) >= self.max_context)
+
+    def _truncate(self, tokens: list[int]) -> list[int]:
+        """Cut at the first EOS (kept) and at max_new_tokens: exactly where plain decoding would have stopped."""
+        for i, t in enumerate(tokens):
+            if t in self.eos:
+                tokens = tokens[: i + 1]
+                break
+        return tokens[: self.max_new_tokens]
+
+    def _fit_context(self, tree: TokenTree, past_len: int) -> TokenTree:
+        """Near the end of the context there is no room for a tree: verify the root alone."""
+        if past_len + len(tree) + 1 > self.max_context:
+            return TokenTree.chain(tree.tokens[0].item(), [])
+        return tree

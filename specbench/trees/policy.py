@@ -1,0 +1,72 @@
+"""Tree policies shape the draft: which nodes to expand and how many children each gets.
+
+A policy grows a GrowingTree level by level, asking a DraftExpander (the drafter) for the draft distribution after
+each node it wants to expand. The same policy therefore serves a draft model (the distribution depends on the
+path), Medusa heads or PPD prompt tokens (it depends on the depth only).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from specbench.trees.token_tree import TokenTree
+
+
+@dataclass
+class GrowingTree:
+    tokens: list[int]
+    parents: list[int] = field(default_factory=lambda: [-1])
+    depths: list[int] = field(default_factory=lambda: [0])
+    logp: list[float] = field(default_factory=lambda: [0.0])  # cumulative draft log-probability of the path
+    dists: dict[int, torch.Tensor] = field(default_factory=dict)  # node -> distribution its children came from
+
+    @classmethod
+    def rooted(cls, root: int) -> "GrowingTree":
+        return cls(tokens=[root])
+
+    def add(self, parent: int, token: int, logp: float) -> int:
+        self.tokens.append(token)
+        self.parents.append(parent)
+        self.depths.append(self.depths[parent] + 1)
+        self.logp.append(self.logp[parent] + logp)
+        return len(self.tokens) - 1
+
+    def path_tokens(self, node: int) -> list[int]:
+        out = []
+        while node > 0:
+            out.append(self.tokens[node])
+            node = self.parents[node]
+        return out[::-1]
+
+    def freeze(self, keep: list[int] | None = None, with_dists: bool = False) -> TokenTree:
+        """A TokenTree of the kept nodes (all by default; keep must be closed under ancestors and sorted)."""
+        keep = keep if keep is not None else list(range(len(self.tokens)))
+        remap = {old: new for new, old in enumerate(keep)}
+        parents = [remap[self.parents[i]] if i else -1 for i in keep]
+        probs = None
+        if with_dists and self.dists:
+            vocab = next(iter(self.dists.values())).shape[-1]
+            probs = torch.zeros(len(keep), vocab)
+            for old, new in remap.items():
+                if old in self.dists:
+                    probs[new] = self.dists[old]
+        return TokenTree(torch.tensor([self.tokens[i] for i in keep]), torch.tensor(parents), probs)
+
+
+class DraftExpander(Protocol):
+    """What a drafter offers tree policies."""
+
+    def expand(self, tree: GrowingTree, nodes: list[int]) -> torch.Tensor:
+        """(len(nodes), V) draft probabilities of the token that follows each node."""
+
+
+class TreePolicy(ABC):
+    name: str = "policy"
+
+    @abstractmethod
+    def build(self, root: int, expander: DraftExpander) -> TokenTree:
+        """Grow a tree under root by calling expander.expand on the nodes the policy chooses."""

@@ -1,0 +1,65 @@
+"""Tree verification through transformers' own 4D attention-mask support (no forked model files).
+
+A 4D boolean mask of shape (1, 1, n, past + n) with explicit position ids, on top of a DynamicCache, gives each tree
+node exactly the logits of decoding its root-to-node path token by token (checked in tests/test_verification.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specbench.trees.token_tree import TokenTree
+
+
+@dataclass
+class VerifyOutput:
+    logits: torch.Tensor  # (n, V) float32, one row per tree node
+    hidden: torch.Tensor | None  # (n, H) last hidden state per node, when a drafter reads it (Medusa, PPD)
+
+
+def tree_attention_mask(tree: TokenTree, past_len: int) -> torch.Tensor:
+    """(1, 1, n, past_len + n) bool: every node sees the whole cache, its ancestors and itself."""
+    n = len(tree)
+    visible_past = torch.ones(n, past_len, dtype=torch.bool)
+    return torch.cat([visible_past, tree.ancestor_mask()], dim=1)[None, None]
+
+
+@torch.inference_mode()
+def verify_tree(model, cache, tree: TokenTree, want_hidden: bool = False, extra_embeds: torch.Tensor | None = None,
+                extra_parents: torch.Tensor | None = None) -> VerifyOutput:
+    """Run the target once over the tree; the cache grows by len(tree) (+ extra) entries, to be trimmed by commit_path.
+
+    extra_embeds / extra_parents let a drafter attach non-vocabulary inputs (PPD's prompt tokens) to tree nodes: each
+    extra input sits one level below its parent node and sees what that node sees. Their rows follow the tree's rows.
+    """
+    device = model.device
+    past_len = cache.get_seq_length()
+    if extra_embeds is None:
+        ids = tree.tokens.to(device)[None]
+        if tree.is_chain:  # the causal mask is the tree mask: let the model build it (faster sdpa path)
+            out = model(input_ids=ids, past_key_values=cache, use_cache=True, output_hidden_states=want_hidden)
+        else:
+            out = model(input_ids=ids, attention_mask=tree_attention_mask(tree, past_len).to(device),
+                        position_ids=tree.position_ids(past_len).to(device)[None], past_key_values=cache,
+                        use_cache=True, output_hidden_states=want_hidden)
+    else:
+        out = _forward_with_extra(model, cache, tree, past_len, extra_embeds, extra_parents, want_hidden)
+    hidden = out.hidden_states[-1][0] if want_hidden else None
+    return VerifyOutput(logits=out.logits[0].float(), hidden=hidden)
+
+
+def _forward_with_extra(model, cache, tree, past_len, extra_embeds, extra_parents, want_hidden):
+    parents = torch.cat([tree.parents, extra_parents.to(torch.long)])
+    depths = torch.cat([tree.depths, tree.depths[extra_parents] + 1])
+    n = parents.numel()
+    anc = torch.eye(n, dtype=torch.bool)
+    for i in range(1, n):
+        anc[i] |= anc[int(parents[i])]
+    mask = torch.cat([torch.ones(n, past_len, dtype=torch.bool), anc], dim=1)[None, None]
+    embeds = model.get_input_embeddings()(tree.tokens.to(model.device))
+    embeds = torch.cat([embeds, extra_embeds.to(embeds.dtype)], dim=0)[None]
+    return model(inputs_embeds=embeds, attention_mask=mask.to(model.device),
+                 position_ids=(depths + past_len).to(model.device)[None], past_key_values=cache, use_cache=True,
+                 output_hidden_states=want_hidden)
