@@ -1,9 +1,9 @@
-"""A chain: the draft's top-1 continuation, depth tokens deep (classic speculative decoding)."""
+"""A chain: the draft's top-1 continuation (or one sample per step when drafting samples), depth tokens deep."""
 
 from __future__ import annotations
 
 from specbench.errors import SpecbenchError
-from specbench.trees.policy import DraftExpander, GrowingTree, TreePolicy
+from specbench.trees.policy import DraftExpander, GrowingTree, TreePolicy, draw_children
 from specbench.trees.token_tree import TokenTree
 
 
@@ -16,11 +16,14 @@ class ChainPolicy(TreePolicy):
         self.depth = depth
 
     def build(self, root: int, expander: DraftExpander) -> TokenTree:
+        generator = getattr(expander, "generator", None)
         tree = GrowingTree.rooted(root)
         node = 0
         for _ in range(self.depth):
             probs = expander.expand(tree, [node])[0]
+            picked = draw_children(probs, 1, generator)  # top-1, or one sample from q (Leviathan) when sampling
+            if not picked:
+                break
             tree.dists[node] = probs
-            token = int(probs.argmax())
-            node = tree.add(node, token, float(probs[token].clamp_min(1e-30).log()))
-        return tree.freeze()
+            node = tree.add(node, picked[0], float(probs[picked[0]].clamp_min(1e-30).log()))
+        return tree.freeze(with_dists=generator is not None)

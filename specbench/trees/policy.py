@@ -58,10 +58,30 @@ class GrowingTree:
 
 
 class DraftExpander(Protocol):
-    """What a drafter offers tree policies."""
+    """What a drafter offers tree policies.
+
+    An expander may carry a `generator` attribute: when it is not None the drafter samples, so policies draw children
+    from the draft distribution (see draw_children) and record it in the tree for lossless rejection sampling.
+    """
 
     def expand(self, tree: GrowingTree, nodes: list[int]) -> torch.Tensor:
         """(len(nodes), V) draft probabilities of the token that follows each node."""
+
+
+def draw_children(probs: torch.Tensor, k: int, generator: torch.Generator | None = None) -> list[int]:
+    """Up to k distinct tokens of nonzero probability, best first.
+
+    Without a generator: the top-k. With one: k draws without replacement in draw order (Gumbel top-k), the order in
+    which rejection sampling must test siblings to stay lossless.
+    """
+    k = min(k, int((probs > 0).sum()))
+    if k <= 0:
+        return []
+    if generator is None:
+        return torch.topk(probs, k).indices.tolist()
+    uniform = torch.rand(probs.shape, generator=generator).clamp_(1e-20, 1.0)
+    keys = probs.float().log() - torch.log(-torch.log(uniform))
+    return torch.topk(keys, k).indices.tolist()
 
 
 class TreePolicy(ABC):

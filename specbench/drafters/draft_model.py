@@ -1,0 +1,124 @@
+"""Classic speculative decoding with a separate draft model: a chain (tree=chain) or a tree (static/greedy/dynamic).
+
+The draft is any same-tokenizer model or an early-exit view of the target. It keeps its own KV cache: each propose
+first feeds the committed tokens the cache lacks, then the tree policy grows the draft level by level, each new
+level fed in one forward with a tree mask on top of the cache (nodes see the committed prefix and their ancestors).
+After verification the cache keeps the committed prefix plus the accepted nodes it already holds (a gather, as for
+the target), so the next propose only feeds the bonus token and the last accepted one.
+
+When sampling (temperature > 0) the children are drawn from q, the draft distribution after the same
+temperature/top-p/top-k as the target, and q is recorded for rejection sampling; greedy drafting takes the top-k.
+"""
+
+from __future__ import annotations
+
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig
+from transformers import DynamicCache
+
+from specbench.acceptance.sampling import SamplingParams
+from specbench.drafters.base import DecodeState, Drafter, StepOutcome
+from specbench.errors import SpecbenchError
+from specbench.models.early_exit import early_exit
+from specbench.models.loading import LoadedModel
+from specbench.trees.policy import GrowingTree, TreePolicy
+from specbench.trees.token_tree import TokenTree
+from specbench.verification import commit_path
+
+
+def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:
+    """Draft tokens are verified as target tokens: the two must map every token id to the same string."""
+    if target.tokenizer.get_vocab() != draft.tokenizer.get_vocab():
+        raise SpecbenchError(
+            f"draft model '{draft.name}' has a different tokenizer from target '{target.name}' "
+            f"({len(draft.tokenizer)} vs {len(target.tokenizer)} tokens, or the same ids mean different strings); "
+            f"speculative decoding needs one vocabulary: pick a draft of the same family or use "
+            f"method.draft.early_exit_layers=N")
+    draft_v, target_v = draft.model.config.vocab_size, target.model.config.vocab_size
+    if draft_v != target_v:
+        raise SpecbenchError(f"draft model '{draft.name}' outputs {draft_v} logits per token but target "
+                             f"'{target.name}' outputs {target_v}; the vocabularies must have the same size")
+
+
+class DraftModelDrafter(Drafter):
+    name = "draft_model"
+
+    def __init__(self, target: LoadedModel, tree: TreePolicy, draft_model: LoadedModel | DictConfig | None = None,
+                 early_exit_layers: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
+                 top_k: int = 0, seed: int = 0) -> None:
+        if (draft_model is None) == (early_exit_layers is None):
+            raise SpecbenchError("method=draft_model needs exactly one draft: method.draft.early_exit_layers=N (the "
+                                 "target's first N layers) or a model-group entry in method.draft.model (then set "
+                                 "method.draft.early_exit_layers=null)")
+        if isinstance(draft_model, DictConfig):  # a model-group node: load it like the target
+            draft_model = instantiate(draft_model, dtype=str(target.model.dtype).removeprefix("torch."),
+                                      device=str(target.model.device))
+        self.draft = early_exit(target, early_exit_layers) if draft_model is None else draft_model
+        check_same_vocabulary(target, self.draft)
+        self.shares_target_weights = draft_model is None
+        self.tree, self.sampling, self.seed = tree, SamplingParams(temperature, top_p, top_k), seed
+        self.generator: torch.Generator | None = None  # policies sample children when this is set
+        self.cache = DynamicCache()
+
+    def reset(self, state: DecodeState) -> None:
+        self.cache = DynamicCache()
+        self.generator = None if self.sampling.greedy else torch.Generator().manual_seed(self.seed)
+
+    def propose(self, state: DecodeState) -> TokenTree:
+        self._tokens = state.tokens
+        self._slots: dict[int, int] = {}  # growing-tree node -> its position in the draft cache
+        return self.tree.build(state.root, self)
+
+    @torch.inference_mode()
+    def expand(self, tree: GrowingTree, nodes: list[int]) -> torch.Tensor:
+        """Feed the nodes the draft has not seen and return q after each (the DraftExpander contract)."""
+        self._growing = tree
+        model = self.draft.model
+        if nodes == [0]:  # the root: catch up on the committed tokens, root last
+            self._committed = len(self._tokens)
+            missing = self._tokens[self.cache.get_seq_length():]
+            out = model(input_ids=torch.tensor([missing], device=model.device), past_key_values=self.cache,
+                        use_cache=True)
+            self._slots[0] = self._committed - 1
+            return self._draft_probs(out.logits[0, -1:])
+        past = self.cache.get_seq_length()
+        mask = torch.zeros(len(nodes), past + len(nodes), dtype=torch.bool)
+        mask[:, : self._committed] = True
+        for row, node in enumerate(nodes):
+            mask[row, past + row] = True
+            ancestor = tree.parents[node]
+            while ancestor > 0:
+                mask[row, self._slots[ancestor] if ancestor in self._slots else past + nodes.index(ancestor)] = True
+                ancestor = tree.parents[ancestor]
+        positions = torch.tensor([self._committed - 1 + tree.depths[n] for n in nodes])
+        out = model(input_ids=torch.tensor([[tree.tokens[n] for n in nodes]], device=model.device),
+                    attention_mask=mask[None, None].to(model.device), position_ids=positions[None].to(model.device),
+                    past_key_values=self.cache, use_cache=True)
+        for row, node in enumerate(nodes):
+            self._slots[node] = past + row
+        return self._draft_probs(out.logits[0])
+
+    def _draft_probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """q when sampling; the plain softmax when greedy (only its ranking and log-probabilities are used)."""
+        logits = logits.float().cpu()
+        return logits.softmax(-1) if self.sampling.greedy else self.sampling.probs(logits)
+
+    def observe(self, outcome: StepOutcome) -> None:
+        """Keep the committed prefix plus the accepted nodes already in the draft cache; drop the rest."""
+        kept, node = [], 0
+        children: dict[int, dict[int, int]] = {}
+        for child, parent in enumerate(self._growing.parents[1:], start=1):
+            children.setdefault(parent, {})[self._growing.tokens[child]] = child
+        for token in outcome.tree.tokens[outcome.path[1:]].tolist():
+            node = children.get(node, {}).get(token)
+            if node is None or node not in self._slots:
+                break
+            kept.append(self._slots[node] - self._committed)
+        commit_path(self.cache, self._committed, kept)
+
+    def parameters_bytes(self) -> tuple[int, int]:
+        if self.shares_target_weights:
+            return 0, 0
+        params = list(self.draft.model.parameters())
+        return sum(p.numel() for p in params), sum(p.numel() * p.element_size() for p in params)

@@ -1,0 +1,88 @@
+"""The expected-accepted-length tree builder that Medusa (App. C), Ghidorah (ARCA step 1) and SSSD (Alg. 1) share.
+
+Input: accept_prob[d][i], the probability that the i-th ranked candidate at depth d+1 is accepted given its parent
+was (measured by specbench.trees.calibration, or a paper's per-head accuracies). Under independence a node's path
+probability is the product along its path, and its contribution to the expected accepted length is exactly that
+product; adding the connected node with the highest product until the budget is reached therefore maximises
+tau(n) = 1 + sum of the path probabilities (the 1 is the bonus token). The result is a static tree.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import logging
+from pathlib import Path
+
+from omegaconf import ListConfig, OmegaConf
+
+from specbench.errors import SpecbenchError
+from specbench.trees.static import PRESET_DIR, StaticPolicy
+
+log = logging.getLogger(__name__)
+
+
+def load_accept_prob(source) -> list[list[float]]:
+    """accept_prob from an inline list, a calibration JSON file, or a preset name in conf/tree/presets."""
+    if isinstance(source, ListConfig):
+        source = OmegaConf.to_container(source)
+    if isinstance(source, str):
+        path = Path(source).expanduser()
+        path = path if path.exists() else PRESET_DIR / f"{source}.json"
+        if not path.exists():
+            raise SpecbenchError(f"tree.accept_prob='{source}' is neither a calibration JSON file nor a preset in "
+                                 f"{PRESET_DIR}; run `python -m specbench.trees.calibration` to make one")
+        source = json.loads(path.read_text())["accept_prob"]
+    ok = isinstance(source, list) and source and all(
+        isinstance(row, list) and row and all(isinstance(a, (int, float)) and 0 <= a <= 1 for a in row)
+        for row in source)
+    if not ok:
+        raise SpecbenchError(f"tree.accept_prob={source!r} is invalid: give one non-empty list of probabilities "
+                             f"in [0, 1] per depth, e.g. [[0.6, 0.1], [0.3, 0.1]]")
+    return source
+
+
+def expected_tau(choices: list[list[int]], accept_prob: list[list[float]]) -> float:
+    """1 + the sum over nodes of the product of accept_prob along the node's path (ranks outside the table: 0)."""
+    total = 1.0
+    for path in choices:
+        value = 1.0
+        for depth, rank in enumerate(path):
+            row = accept_prob[depth] if depth < len(accept_prob) else []
+            value *= row[rank] if rank < len(row) else 0.0
+        total += value
+    return total
+
+
+def greedy_choices(accept_prob: list[list[float]], n: int) -> tuple[list[list[int]], float]:
+    """The n-node tree (root included) of highest expected tau, as medusa_choices, and that tau."""
+    capacity, width = 0, 1
+    for row in accept_prob:
+        width *= len(row)
+        capacity += width
+    if n < 1 or n - 1 > capacity:
+        raise SpecbenchError(f"tree.n={n} is invalid: the budget counts the root, so it must lie in 1..{capacity + 1} "
+                             f"for an accept_prob table of {len(accept_prob)} depths x "
+                             f"{[len(r) for r in accept_prob]} ranks")
+    frontier = [(-a, (rank,)) for rank, a in enumerate(accept_prob[0])]
+    heapq.heapify(frontier)
+    chosen, tau = [], 1.0
+    while len(chosen) < n - 1:
+        neg_value, path = heapq.heappop(frontier)
+        chosen.append(list(path))
+        tau -= neg_value
+        if len(path) < len(accept_prob):
+            for rank, a in enumerate(accept_prob[len(path)]):
+                heapq.heappush(frontier, (neg_value * a, path + (rank,)))
+    return chosen, tau
+
+
+class GreedyPolicy(StaticPolicy):
+    name = "greedy"
+
+    def __init__(self, n: int = 16, accept_prob="medusa_vicuna_7b_accuracies") -> None:
+        if n == 1:
+            raise SpecbenchError("tree.n=1 leaves only the root: nothing to draft; use n >= 2 or method=autoregressive")
+        choices, self.expected_tau = greedy_choices(load_accept_prob(accept_prob), n)
+        super().__init__(choices=choices)
+        log.info("greedy tree: %d nodes, expected tau %.3f", n, self.expected_tau)
