@@ -23,6 +23,7 @@ from specbench.verification import VerifyOutput, cache_bytes, commit_path, verif
 @dataclass
 class StepRecord:
     tree_size: int  # nodes verified, root included
+    tree_depth: int  # deepest draft node (0 for the root alone)
     accepted: int  # draft tokens accepted (the bonus token excluded)
     draft_time: float  # propose + observe
     verify_time: float  # the target forward
@@ -98,7 +99,7 @@ class Decoder:
             self.drafter.observe(StepOutcome(tree, acc.path, acc.next_token, vout))
             t4 = self._clock()
             gen.tokens.extend(new_tokens)
-            gen.steps.append(StepRecord(len(tree), acc.accepted, draft_time=(t1 - t0) + (t4 - t3),
+            gen.steps.append(StepRecord(len(tree), int(tree.depths.max()), acc.accepted, draft_time=(t1 - t0) + (t4 - t3),
                                         verify_time=t2 - t1, step_time=t4 - t0))
             done = self._finished(gen, new_tokens)
 

@@ -27,6 +27,7 @@ class LoadedModel:
     model: torch.nn.Module
     tokenizer: object  # a transformers tokenizer
     source: str  # where the weights came from
+    chat_template: bool = True  # wrap prompts in the tokenizer's chat template (instruct models)
 
     @property
     def eos_token_ids(self) -> list[int]:
@@ -79,7 +80,7 @@ def resolve_path(path: str) -> Path | str:
 
 
 def load_model(name: str, path: str, dtype: str = "bfloat16", device: str = "cpu", use_cache: bool = True,
-               trust_remote_code: bool = False) -> LoadedModel:
+               trust_remote_code: bool = False, chat_template: bool = True) -> LoadedModel:
     """Load the model behind `path` (see resolve_path), converting GGUF files once into a safetensors cache."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -106,7 +107,7 @@ def load_model(name: str, path: str, dtype: str = "bfloat16", device: str = "cpu
     if load_kwargs and use_cache and cached is not None:
         _save_cache(model, tokenizer, cached)
     model = model.to(dtype=torch_dtype(dtype), device=device).eval()
-    return LoadedModel(name=name, model=model, tokenizer=tokenizer, source=str(resolved))
+    return LoadedModel(name=name, model=model, tokenizer=tokenizer, source=str(resolved), chat_template=chat_template)
 
 
 def _fingerprint(path: Path) -> str:

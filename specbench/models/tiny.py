@@ -27,7 +27,7 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
 
 def tiny_random(name: str = "tiny_random", hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4,
                 num_kv_heads: int = 2, max_context: int = 512, seed: int = 0, dtype: str = "float32",
-                device: str = "cpu", vocab_size: int | None = None) -> LoadedModel:
+                device: str = "cpu", vocab_size: int | None = None, chat_template: bool = True) -> LoadedModel:
     tokenizer = byte_tokenizer()
     config = LlamaConfig(vocab_size=vocab_size or len(tokenizer), hidden_size=hidden_size,
                          intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
@@ -39,4 +39,5 @@ def tiny_random(name: str = "tiny_random", hidden_size: int = 64, num_layers: in
     with torch.no_grad():  # sharper logits than the default init, so drafts get accepted sometimes
         model.lm_head.weight.mul_(8.0)
     model = model.to(dtype=torch_dtype(dtype), device=device).eval()
-    return LoadedModel(name=name, model=model, tokenizer=tokenizer, source="in-process random init")
+    return LoadedModel(name=name, model=model, tokenizer=tokenizer, source="in-process random init",
+                       chat_template=chat_template)

@@ -1,0 +1,47 @@
+"""Measure L(n): the latency of one target forward of n tokens on top of a cache of `context` tokens.
+
+The ideal speedup tau * L(1) / L(n) and the hardware-aware tree budgets read this profile.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pandas as pd
+import torch
+from transformers import DynamicCache
+
+from specbench.hardware.roofline import ModelShape, roofline_step_time
+from specbench.hardware.spec import HardwareSpec
+from specbench.trees.token_tree import TokenTree
+from specbench.verification import verify_tree
+
+
+@torch.inference_mode()
+def latency_profile(model, sizes=(1, 2, 4, 8, 16, 32, 64), context: int = 128, repeats: int = 5,
+                    hw: HardwareSpec | None = None) -> pd.DataFrame:
+    """Median ms per forward of a tree of n nodes (any tree shape of n nodes costs the same)."""
+    vocab = model.config.get_text_config().vocab_size
+    gen = torch.Generator().manual_seed(0)
+    cache = DynamicCache()
+    model(input_ids=torch.randint(0, vocab, (1, context), generator=gen, device="cpu").to(model.device),
+          past_key_values=cache, use_cache=True)
+    sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
+    rows = []
+    for n in sizes:
+        star = torch.tensor([-1] + [0] * (n - 1))  # n - 1 children of the root: exercises the tree-mask path
+        tree = TokenTree(torch.randint(0, vocab, (n,), generator=gen), star)
+        times = []
+        for _ in range(repeats + 1):
+            sync()
+            start = time.perf_counter()
+            verify_tree(model, cache, tree)
+            sync()
+            times.append(time.perf_counter() - start)
+            cache.crop(-n)
+        rows.append({"tokens": n, "ms": 1e3 * sorted(times[1:])[len(times[1:]) // 2]})
+    frame = pd.DataFrame(rows)
+    if hw is not None:
+        shape = ModelShape.of(model)
+        frame["roofline_ms"] = [1e3 * roofline_step_time(shape, hw, n, context) for n in frame["tokens"]]
+    return frame

@@ -1,0 +1,30 @@
+"""Send a run's config, summary and plots to the chosen Lightning logger (CSVLogger, or WandbLogger offline).
+
+Evaluation uses the same logger classes as training so `logger=` means one thing in every task.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from omegaconf import DictConfig, OmegaConf
+
+SCALARS = ["tau", "tokens_per_s", "decode_tokens_per_s", "speedup", "overhead", "ideal_speedup", "efficiency",
+           "projected_speedup", "lossless_match", "peak_mem_mb", "framework_ms_per_step"]
+
+
+def log_run(logger, cfg: DictConfig, summary: pd.DataFrame, plots: list[Path]) -> None:
+    if logger is None:
+        return
+    logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
+    metrics = {f"{row['method']}/{k}": float(row[k]) for _, row in summary.iterrows() for k in SCALARS
+               if pd.notna(row[k])}
+    logger.log_metrics(metrics, step=0)
+    if hasattr(logger, "log_table"):  # WandbLogger: the summary table and the plots as images
+        table = summary.drop(columns=["per_depth_acceptance"]).astype(object)
+        logger.log_table(key="summary", columns=list(table.columns), data=table.values.tolist())
+        logger.log_image(key="plots", images=[str(p) for p in plots])
+    logger.save()
+    if hasattr(logger, "experiment") and hasattr(logger.experiment, "finish"):
+        logger.experiment.finish()

@@ -1,0 +1,29 @@
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from hydra import compose, initialize_config_dir  # noqa: E402
+
+from specbench.models import tiny_random  # noqa: E402
+
+CONF = str(Path(__file__).resolve().parents[1] / "conf")
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    """A float32 tiny random Llama: losslessness is proven in fp32."""
+    torch.set_num_threads(2)
+    return tiny_random(dtype="float32")
+
+
+def compose_cfg(overrides: list[str], run_dir: Path | None = None):
+    """The composed run config, as `python run.py OVERRIDES` would see it (outside a Hydra run)."""
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        extra = [f"run_dir={run_dir}", "~logger"] if run_dir is not None else []
+        return compose(config_name="config", overrides=overrides + extra)
