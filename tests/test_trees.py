@@ -1,0 +1,187 @@
+"""Tree policies: static (medusa_choices), greedy expected-length builder, EAGLE-2 dynamic; their errors."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pytest
+import torch
+
+from specbench.errors import SpecbenchError
+from specbench.trees.chain import ChainPolicy
+from specbench.trees.dynamic import DynamicPolicy
+from specbench.trees.greedy import GreedyPolicy, expected_tau, greedy_choices, load_accept_prob
+from specbench.trees.static import PRESET_DIR, StaticPolicy, cartesian_choices
+
+VOCAB = 32
+
+
+class FixedDraft:
+    """A drafter whose distribution after a path is a fixed function of the path: easy to reason about."""
+
+    def __init__(self, generator=None):
+        self.generator, self.calls = generator, []
+
+    def expand(self, tree, nodes):
+        self.calls.append(list(nodes))
+        rows = []
+        for node in nodes:
+            seed = hash(tuple(tree.path_tokens(node))) % 10_000
+            logits = torch.randn(VOCAB, generator=torch.Generator().manual_seed(seed)) * 2
+            rows.append(logits.softmax(-1))
+        return torch.stack(rows)
+
+
+def ranked(draft, tree, node):
+    """The tokens after node's path, best first."""
+    return draft.expand(tree, [node])[0].argsort(descending=True).tolist()
+
+
+def test_medusa_preset_builds_the_64_node_tree_level_by_level():
+    policy = StaticPolicy(preset="mc_sim_7b_63")
+    draft = FixedDraft()
+    tree = policy.build(7, draft)
+    assert len(tree) == 64 == len(policy) and int(tree.depths.max()) == 4
+    parents_per_level = [len({tuple(p[:d]) for p in policy.paths if len(p) == d + 1}) for d in range(4)]
+    assert [len(c) for c in draft.calls] == parents_per_level == [1, 10, 10, 1]  # one draft call per level
+    assert tree.draft_probs is None
+    paths = {tuple(tree.tokens[tree.path_to(n)[1:]].tolist()) for n in range(1, len(tree))}
+    top = FixedDraft().expand  # [0, 2]: the root's best token, then the third best after it
+    first = int(top(_grown([7]), [0])[0].argmax())
+    third_after = int(top(_grown([7, first]), [1])[0].argsort(descending=True)[2])
+    assert (first, third_after) in paths
+
+
+def _grown(tokens):
+    from specbench.trees.policy import GrowingTree
+
+    tree = GrowingTree.rooted(tokens[0])
+    for i, token in enumerate(tokens[1:]):
+        tree.add(i, token, 0.0)
+    return tree
+
+
+def test_static_tree_with_sampling_records_q_only_where_ranks_are_a_prefix_of_the_draws():
+    tree = StaticPolicy(choices=[[0], [1], [0, 0], [0, 2]]).build(3, FixedDraft(torch.Generator().manual_seed(0)))
+    assert tree.draft_probs is not None
+    assert tree.draft_probs[0].sum() == pytest.approx(1.0)  # root: children are draws 1 and 2
+    node_0 = tree.children(0)[0]
+    assert tree.draft_probs[node_0].sum() == 0  # ranks {0, 2}: not the first draws, so deterministic
+
+
+@pytest.mark.parametrize("choices, message", [
+    ([], "non-empty list of paths"),
+    ([[0], [0, 1, 2]], r"path \[0, 1, 2\] has no parent: add its prefix \[0, 1\]"),
+    ([[0], [-1]], "ranks >= 0"),
+    ([[0], [0]], "twice"),
+    ([[0], 3], "path #1 = 3 is invalid"),
+])
+def test_invalid_medusa_choices_are_refused(choices, message):
+    with pytest.raises(SpecbenchError, match=message):
+        StaticPolicy(choices=choices)
+
+
+def test_static_needs_exactly_one_source_and_a_known_preset():
+    with pytest.raises(SpecbenchError, match="exactly one"):
+        StaticPolicy()
+    with pytest.raises(SpecbenchError, match="exactly one"):
+        StaticPolicy(choices=[[0]], preset="mc_sim_7b_63")
+    with pytest.raises(SpecbenchError, match="known preset.*mc_sim_7b_63"):
+        StaticPolicy(preset="no_such_tree")
+
+
+MEDUSA = load_accept_prob("medusa_vicuna_7b_accuracies")
+
+
+def cartesian_shapes(nodes: int, max_width: int, max_depth: int):
+    """Every widths list whose Cartesian tree has exactly `nodes` draft nodes."""
+    for depth in range(1, max_depth + 1):
+        for widths in itertools.product(range(1, max_width + 1), repeat=depth):
+            if len(cartesian_choices(list(widths))) == nodes:
+                yield list(widths)
+
+
+def test_greedy_64_node_tree_beats_every_cartesian_tree_of_the_same_size_on_medusa_accuracies():
+    choices, tau = greedy_choices(MEDUSA, 64)
+    assert len(choices) == 63 and tau == pytest.approx(expected_tau(choices, MEDUSA))
+    shapes = list(cartesian_shapes(63, max_width=len(MEDUSA[0]), max_depth=len(MEDUSA)))
+    assert shapes, "there are Cartesian trees of 63 draft nodes to compare with"
+    best_cartesian = max(expected_tau(cartesian_choices(w), MEDUSA) for w in shapes)
+    assert tau > best_cartesian
+
+
+def test_greedy_is_optimal_among_all_small_trees():
+    table = [[0.5, 0.2, 0.1], [0.4, 0.3], [0.6]]
+    all_paths = [list(p) for d in range(1, 4) for p in itertools.product(*(range(len(r)) for r in table[:d]))]
+    for n in range(1, 7):
+        _, tau = greedy_choices(table, n)
+        best = 1.0
+        for subset in itertools.combinations(all_paths, n - 1):
+            chosen = {tuple(p) for p in subset}
+            if all(len(p) == 1 or p[:-1] in chosen for p in chosen):
+                best = max(best, expected_tau(list(subset), table))
+        assert tau == pytest.approx(best)
+
+
+def test_greedy_policy_reads_a_calibration_file_and_reports_tau(tmp_path):
+    path = tmp_path / "calibration.json"
+    path.write_text(json.dumps({"accept_prob": [[0.7, 0.1], [0.5, 0.2]]}))
+    policy = GreedyPolicy(n=4, accept_prob=str(path))
+    assert policy.expected_tau == pytest.approx(1 + 0.7 + 0.35 + 0.14)
+    assert len(policy.build(1, FixedDraft())) == 4
+
+
+@pytest.mark.parametrize("n, message", [(0, "tree.n=0 is invalid"), (10_000, "must lie in 1..")])
+def test_greedy_budget_must_be_possible(n, message):
+    with pytest.raises(SpecbenchError, match=message):
+        GreedyPolicy(n=n)
+
+
+def test_greedy_refuses_a_malformed_table():
+    with pytest.raises(SpecbenchError, match="accept_prob"):
+        GreedyPolicy(n=4, accept_prob=[[1.5]])
+    with pytest.raises(SpecbenchError, match="neither a calibration JSON"):
+        GreedyPolicy(n=4, accept_prob="missing_calibration")
+
+
+def test_dynamic_tree_keeps_the_best_nodes_by_cumulative_log_probability():
+    draft = FixedDraft()
+    policy = DynamicPolicy(top_k=3, depth=3, total_tokens=8)
+    tree = policy.build(5, draft)
+    assert len(tree) == 9 and int(tree.depths.max()) <= 3
+    assert [len(c) for c in draft.calls] == [1, 3, 3]  # top_k frontier nodes expanded per level
+    assert tree.draft_probs is None
+    # the kept nodes are the 8 best of all 3 + 9 + 9 candidates by cumulative log-probability
+    full = DynamicPolicy(top_k=3, depth=3, total_tokens=100).build(5, FixedDraft())
+    score = {}
+    for n in range(1, len(full)):
+        path = full.tokens[full.path_to(n)[1:]].tolist()
+        score[tuple(path)] = sum(
+            float(FixedDraft().expand(_grown([5] + path[:i]), [i])[0][path[i]].log()) for i in range(len(path)))
+    best = sorted(score, key=score.get, reverse=True)[:8]
+    kept = {tuple(tree.tokens[tree.path_to(n)[1:]].tolist()) for n in range(1, len(tree))}
+    assert kept == set(best)
+
+
+@pytest.mark.parametrize("knob", ["top_k", "depth", "total_tokens"])
+def test_dynamic_knobs_must_be_positive(knob):
+    with pytest.raises(SpecbenchError, match=f"tree.{knob}=0 is invalid"):
+        DynamicPolicy(**{knob: 0})
+
+
+def test_chain_samples_when_the_drafter_samples_and_records_q():
+    firsts = set()
+    for seed in range(10):
+        tree = ChainPolicy(depth=3).build(2, FixedDraft(torch.Generator().manual_seed(seed)))
+        assert tree.draft_probs is not None and len(tree) == 4
+        firsts.add(int(tree.tokens[1]))
+    assert len(firsts) > 1
+    greedy = ChainPolicy(depth=3).build(2, FixedDraft())
+    assert greedy.draft_probs is None and int(greedy.tokens[1]) == ranked(FixedDraft(), _grown([2]), 0)[0]
+
+
+def test_presets_are_valid_medusa_choices():
+    for path in PRESET_DIR.glob("*.json"):
+        if not path.stem.endswith("_accuracies"):
+            StaticPolicy(preset=path.stem)
