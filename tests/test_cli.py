@@ -1,0 +1,68 @@
+"""`python run.py` as a user runs it: bad input ends with one clear line naming the problem."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["model=tiny_random", "eval.dtype=float32", "eval.max_new_tokens=8", "eval.warmup=0",
+        "eval.latency_profile=false"]
+
+
+def run(args, tmp_path):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline")
+    return subprocess.run([sys.executable, "run.py", *args, f"hydra.run.dir={tmp_path}/run"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def last_line(proc):
+    return proc.stderr.strip().splitlines()[-1]
+
+
+def test_help_lists_the_config_groups(tmp_path):
+    out = run(["--help"], tmp_path).stdout
+    for group in ("model", "method", "tree", "accept", "hw", "dataset", "eval", "logger"):
+        assert f"{group}:" in out
+
+
+@pytest.mark.parametrize("group", ["model", "method", "dataset"])
+def test_unknown_choice_names_it_and_the_valid_ones(group, tmp_path):
+    proc = run([f"{group}=nonexistent"], tmp_path)
+    assert proc.returncode != 0
+    assert f"Could not find '{group}/nonexistent'" in proc.stderr and "Available options" in proc.stderr
+
+
+def test_malformed_dataset_line(tmp_path):
+    data = tmp_path / "q.jsonl"
+    data.write_text(json.dumps({"question_id": 1, "category": "x", "turns": ["hi"]}) + "\n{not json\n")
+    proc = run([*TINY, "dataset=jsonl", f"dataset.path={data}"], tmp_path)
+    assert proc.returncode == 2
+    assert last_line(proc).startswith("error: dataset file") and "line 2 is malformed" in last_line(proc)
+
+
+def test_empty_dataset(tmp_path):
+    data = tmp_path / "empty.jsonl"
+    data.write_text("\n")
+    proc = run([*TINY, "dataset=jsonl", f"dataset.path={data}"], tmp_path)
+    assert proc.returncode == 2 and "is empty" in last_line(proc)
+
+
+def test_prompt_longer_than_the_context(tmp_path):
+    data = tmp_path / "long.jsonl"
+    data.write_text(json.dumps({"question_id": "long", "category": "x", "turns": ["word " * 200]}) + "\n")
+    proc = run([*TINY, "model.max_context=64", "dataset=jsonl", f"dataset.path={data}"], tmp_path)
+    assert proc.returncode == 2
+    assert "prompt long has" in last_line(proc) and "context of 64" in last_line(proc)
+
+
+def test_tiny_run_end_to_end(tmp_path):
+    proc = run([*TINY, "eval.num_prompts=2"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run_dir = tmp_path / "run"
+    for name in (".hydra/config.yaml", "records.jsonl", "summary.json", "summary.csv", "logs/metrics.csv"):
+        assert (run_dir / name).exists(), name
+    assert "pld" in proc.stdout and "autoregressive" in proc.stdout
