@@ -185,3 +185,28 @@ def test_presets_are_valid_medusa_choices():
     for path in PRESET_DIR.glob("*.json"):
         if not path.stem.endswith("_accuracies"):
             StaticPolicy(preset=path.stem)
+
+
+def test_calibration_of_a_perfect_draft_accepts_rank_0_always(tiny, tmp_path):
+    from specbench.drafters.draft_model import DraftModelDrafter
+    from specbench.trees.calibration import calibrate, probe_tree
+
+    drafter = DraftModelDrafter(tiny, probe_tree(depth=3, ranks=4), early_exit_layers=2)  # all layers: the target
+    calibration = calibrate(tiny.model, drafter, [[5, 9, 14, 99], [140, 77, 3]], depth=3, ranks=4, max_new_tokens=12)
+    assert all(t > 0 for row in calibration.trials for t in row)
+    assert calibration.accept_prob == [[1.0, 0.0, 0.0, 0.0]] * 3
+    saved = json.loads(calibration.save(tmp_path / "c.json", drafter="draft_model").read_text())
+    assert GreedyPolicy(n=4, accept_prob=str(tmp_path / "c.json")).expected_tau == pytest.approx(4.0)
+    assert saved["trials"] == calibration.trials
+
+
+def test_calibration_counts_each_rank_of_the_accepted_parent():
+    from specbench.trees.calibration import Calibration
+    from specbench.trees.token_tree import TokenTree
+
+    tree = TokenTree(torch.tensor([0, 4, 5, 6, 7]), torch.tensor([-1, 0, 0, 2, 2]))  # root -> (4, 5); 5 -> (6, 7)
+    logits = torch.zeros(5, 8)
+    logits[0, 5] = logits[2, 7] = logits[4, 1] = 1  # the target says 5, then 7, then 1
+    calibration = Calibration(depth=2, ranks=2)
+    calibration.record(tree, [0, 2, 4], logits)
+    assert calibration.hits == [[0, 1], [0, 1]] and calibration.trials == [[1, 1], [1, 1]]
