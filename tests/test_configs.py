@@ -22,8 +22,7 @@ def options(group: str) -> list[str]:
                                    "logger", "trainer", "experiment"])
 def test_every_option_composes(group, tmp_path):
     for choice in options(group):
-        override = f"+{group}={choice}" if group == "experiment" else f"{group}={choice}"
-        cfg = compose_cfg([override], tmp_path)
+        cfg = compose_cfg([f"{group}={choice}"], tmp_path)
         assert cfg.task in ("eval", "train", "profile", "calibrate")
 
 
