@@ -32,7 +32,8 @@ def verify_tree(model, cache, tree: TokenTree, want_hidden: bool = False, extra_
     """Run the target once over the tree; the cache grows by len(tree) (+ extra) entries, to be trimmed by commit_path.
 
     extra_embeds / extra_parents let a drafter attach non-vocabulary inputs (PPD's prompt tokens) to tree nodes: each
-    extra input sits one level below its parent node and sees what that node sees. Their rows follow the tree's rows.
+    extra input sits one level below its parent (a tree node or an earlier extra, by row index) and sees what that
+    parent sees plus itself. Their rows follow the tree's rows.
     """
     device = model.device
     past_len = cache.get_seq_length()
@@ -52,11 +53,13 @@ def verify_tree(model, cache, tree: TokenTree, want_hidden: bool = False, extra_
 
 def _forward_with_extra(model, cache, tree, past_len, extra_embeds, extra_parents, want_hidden):
     parents = torch.cat([tree.parents, extra_parents.to(torch.long)])
-    depths = torch.cat([tree.depths, tree.depths[extra_parents] + 1])
     n = parents.numel()
+    depths = torch.cat([tree.depths, torch.zeros(n - len(tree), dtype=torch.long)])
     anc = torch.eye(n, dtype=torch.bool)
     for i in range(1, n):
         anc[i] |= anc[int(parents[i])]
+        if i >= len(tree):  # an extra may hang under a tree node or an earlier extra (PPD's prompt-token chains)
+            depths[i] = depths[int(parents[i])] + 1
     mask = torch.cat([torch.ones(n, past_len, dtype=torch.bool), anc], dim=1)[None, None]
     embeds = model.get_input_embeddings()(tree.tokens.to(model.device))
     embeds = torch.cat([embeds, extra_embeds.to(embeds.dtype)], dim=0)[None]

@@ -1,0 +1,104 @@
+"""Medusa (Cai et al. 2024): K heads on the target's last hidden state guess the tokens 2..K+1 steps ahead.
+
+Head k is a residual block SiLU(W1 h + b) + h followed by a vocabulary projection: the target's own LM head
+(`tie_lm_head`, the default: only the blocks are trained and stored, a few MB) or its own copy initialised from it.
+Drafting reads the hidden state the previous verify forward already produced at the last accepted node, so a
+Medusa step costs one target forward plus the heads.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specbench.drafters.base import DecodeState, Drafter
+from specbench.errors import SpecbenchError
+from specbench.training.artifact import load_artifact
+from specbench.trees.greedy import GreedyPolicy
+from specbench.trees.policy import GrowingTree, TreePolicy
+from specbench.trees.token_tree import TokenTree
+
+
+class ResBlock(nn.Module):
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.linear = nn.Linear(hidden_size, hidden_size)
+        nn.init.zeros_(self.linear.weight)  # starts as the identity, so head k starts as the LM head
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h + nn.functional.silu(self.linear(h))
+
+
+class MedusaHeads(nn.Module):
+    def __init__(self, hidden_size: int, vocab_size: int, num_heads: int = 4, num_layers: int = 1,
+                 tie_lm_head: bool = True, lm_head_weight: torch.Tensor | None = None) -> None:
+        super().__init__()
+        if num_heads < 1 or num_layers < 1:
+            raise SpecbenchError(f"Medusa needs num_heads >= 1 and num_layers >= 1, got {num_heads} and {num_layers}")
+        self.num_heads, self.tie_lm_head = num_heads, tie_lm_head
+        self.blocks = nn.ModuleList(nn.Sequential(*[ResBlock(hidden_size) for _ in range(num_layers)])
+                                    for _ in range(num_heads))
+        self.proj = None
+        if not tie_lm_head:
+            self.proj = nn.ModuleList(nn.Linear(hidden_size, vocab_size, bias=False) for _ in range(num_heads))
+            if lm_head_weight is not None:
+                for p in self.proj:
+                    p.weight.data.copy_(lm_head_weight)
+
+    def forward(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+        """(K, *hidden.shape[:-1], V) logits; lm_head is the target's (used when tied)."""
+        outs = torch.stack([block(hidden) for block in self.blocks])
+        if self.proj is None:
+            return lm_head(outs)
+        return torch.stack([p(o) for p, o in zip(self.proj, outs)])
+
+
+class MedusaDrafter(Drafter):
+    """Candidates from the heads' top-k: the greedy tree of tree_nodes nodes built from the artifact's held-out
+    per-head rank accuracies (Medusa App. C), or, with tree_nodes=null, the run's tree policy."""
+
+    name = "medusa"
+    needs_hidden_states = True
+
+    def __init__(self, target, tree: TreePolicy | None = None, checkpoint: str | None = None,
+                 tree_nodes: int | None = 32, num_heads: int | None = None) -> None:
+        meta, tensors = load_artifact(checkpoint, "medusa", target)
+        arch = meta["arch"]
+        heads = MedusaHeads(arch["hidden_size"], arch["vocab_size"], arch["num_heads"], arch["num_layers"],
+                            arch["tie_lm_head"])
+        try:
+            heads.load_state_dict(tensors)
+        except RuntimeError as exc:
+            raise SpecbenchError(f"checkpoint '{checkpoint}' does not hold the Medusa heads its JSON describes "
+                                 f"({str(exc).splitlines()[0]})") from exc
+        model = target.model
+        self.heads = heads.to(device=model.device, dtype=model.dtype).eval()
+        self.lm_head = model.get_output_embeddings()
+        self.num_heads = min(num_heads or arch["num_heads"], arch["num_heads"])
+        if tree_nodes is not None:
+            if tree_nodes < 1:
+                raise SpecbenchError(f"method.drafter.tree_nodes={tree_nodes} is invalid: use >= 1 (root included) "
+                                     f"or null to use the tree policy")
+            tree = GreedyPolicy(tree_nodes, meta["metrics"]["rank_accuracy"][: self.num_heads])
+        if tree is None:
+            raise SpecbenchError("Medusa needs a tree: set method.drafter.tree_nodes=N or pass a tree policy")
+        self.tree = tree
+        self._probs: torch.Tensor | None = None
+
+    @torch.inference_mode()
+    def propose(self, state: DecodeState) -> TokenTree:
+        hidden = state.last.hidden[-1]
+        self._probs = self.heads(hidden, self.lm_head)[: self.num_heads].float().softmax(-1).cpu()
+        return self.tree.build(state.root, self)
+
+    def expand(self, tree: GrowingTree, nodes: list[int]) -> torch.Tensor:
+        """After a node at depth d comes head d+1's guess (Medusa heads see only the root's hidden state)."""
+        depths = [tree.depths[n] for n in nodes]
+        if max(depths) >= self.num_heads:
+            raise SpecbenchError(f"the tree policy asks for depth {max(depths) + 1}, but the Medusa checkpoint has "
+                                 f"{self.num_heads} heads; use a tree of depth <= {self.num_heads}")
+        return self._probs[depths]
+
+    def parameters_bytes(self) -> tuple[int, int]:
+        params = sum(p.numel() for p in self.heads.parameters())
+        return params, sum(p.numel() * p.element_size() for p in self.heads.parameters())

@@ -1,0 +1,114 @@
+"""Parallel Prompt Decoding (Chen, PPD thesis 2024): m learned prompt-token embeddings guess tokens 2..m+1 ahead.
+
+Every tree node carries a chain of its own prompt tokens (verify_extras), placed at the positions of the future
+tokens they stand in for, so one target forward verifies this step's guesses and drafts the next step's. The
+prompt tokens' KV entries are never committed. The tree is the thesis's dynamic sparse tree: state T_k, used after
+the accepted node carried k prompt tokens, has candidates up to depth k, and each candidate carries 1..m prompt
+tokens, chosen offline from calibrated accuracies (specbench.drafters.ppd_tree).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from specbench.drafters.base import DecodeState, Drafter, StepOutcome
+from specbench.drafters.ppd_tree import PPDState, dynamic_sparse_tree
+from specbench.errors import SpecbenchError
+from specbench.training.artifact import load_artifact
+from specbench.trees.policy import GrowingTree
+from specbench.trees.token_tree import TokenTree
+
+
+class PromptTokens(nn.Module):
+    """(m, n_e, d) embeddings: prompt token k's n_e ensemble members (their logits are averaged)."""
+
+    def __init__(self, num_prompt_tokens: int, num_ensemble: int, hidden_size: int,
+                 init: torch.Tensor | None = None) -> None:
+        super().__init__()
+        if num_prompt_tokens < 1 or num_ensemble < 1:
+            raise SpecbenchError(f"PPD needs num_prompt_tokens >= 1 and num_ensemble >= 1, got "
+                                 f"{num_prompt_tokens} and {num_ensemble}")
+        weight = torch.zeros(num_prompt_tokens, num_ensemble, hidden_size)
+        if init is not None:  # text token embeddings, as the thesis initialises them
+            weight.copy_(init.reshape(-1, hidden_size)[torch.arange(num_prompt_tokens * num_ensemble) % init.shape[0]]
+                         .reshape(weight.shape))
+        self.weight = nn.Parameter(weight)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return self.weight.shape[0]
+
+    @property
+    def num_ensemble(self) -> int:
+        return self.weight.shape[1]
+
+
+def chain_layout(carried: list[int], num_ensemble: int, offset: int) -> list[tuple[int, int, int, int]]:
+    """Rows of the prompt-token chains hung under tree nodes: node i carries carried[i] prompt tokens per ensemble
+    member, each chain causal (the thesis's ensemble mask). One (k, member, parent row, owner node) per row; rows
+    are numbered from `offset`, after the tree's own rows."""
+    rows = []
+    for node, count in enumerate(carried):
+        for member in range(num_ensemble):
+            parent = node
+            for k in range(count):
+                rows.append((k, member, parent, node))
+                parent = offset + len(rows) - 1
+    return rows
+
+
+class PPDDrafter(Drafter):
+    name = "ppd"
+
+    def __init__(self, target, checkpoint: str | None = None, tree_nodes: int = 32, topk: int = 10) -> None:
+        meta, tensors = load_artifact(checkpoint, "ppd", target)
+        arch = meta["arch"]
+        self.prompts = PromptTokens(arch["num_prompt_tokens"], arch["num_ensemble"], arch["hidden_size"])
+        try:
+            self.prompts.load_state_dict(tensors)
+        except RuntimeError as exc:
+            raise SpecbenchError(f"checkpoint '{checkpoint}' does not hold the PPD prompt tokens its JSON describes "
+                                 f"({str(exc).splitlines()[0]})") from exc
+        self.embeds = self.prompts.weight.detach().to(target.model.device, target.model.dtype)
+        self.m, self.n_e = self.prompts.num_prompt_tokens, self.prompts.num_ensemble
+        acc = [row[:topk] for row in meta["metrics"]["rank_accuracy"]]
+        self.states: dict[int, PPDState] = dynamic_sparse_tree(acc, self.m, tree_nodes, self.n_e)
+        self.policies = {k: s.policy for k, s in self.states.items()}
+        self._k = self.m  # state T_k: prompt tokens the last accepted node carried
+        self._probs: torch.Tensor | None = None  # (m, V) guesses for depths 1..m below the next root
+        self._carried: list[int] = []
+
+    def reset(self, state: DecodeState) -> None:
+        self._probs = None  # prefill ran without prompt tokens: the first step verifies the root alone
+
+    def propose(self, state: DecodeState) -> TokenTree:
+        policy = None if self._probs is None else self.policies[self._k]
+        if policy is None:  # after prefill, or a state without candidates: the root and its prompt tokens only
+            self._carried = [self.m]
+            return TokenTree.chain(state.root, [])
+        self._carried = self.states[self._k].carried
+        return policy.build(state.root, self)
+
+    def expand(self, tree: GrowingTree, nodes: list[int]) -> torch.Tensor:
+        """Prompt token d's guess after a node at depth d-1; floored so every rank the tree asks for exists (node i
+        of the built tree must stay path i of the state)."""
+        return self._probs[[tree.depths[n] for n in nodes]].clamp_min(1e-12)
+
+    def verify_extras(self, tree: TokenTree) -> tuple[torch.Tensor, torch.Tensor]:
+        ks, members, parents, _ = zip(*chain_layout(self._carried, self.n_e, len(tree)))
+        return self.embeds[list(ks), list(members)], torch.tensor(parents)
+
+    def observe(self, outcome: StepOutcome) -> None:
+        """The accepted node's prompt-token logits become the next guesses; how many it carried picks T_k."""
+        node, n = outcome.path[-1], len(outcome.tree)
+        carried = self._carried[node]
+        logits = torch.zeros(carried, outcome.verify.logits.shape[-1])
+        for row, (k, _, _, owner) in enumerate(chain_layout(self._carried, self.n_e, n)):
+            if owner == node:
+                logits[k] += outcome.verify.logits[n + row].float().cpu() / self.n_e
+        self._probs = logits.softmax(-1)
+        self._k = carried
+
+    def parameters_bytes(self) -> tuple[int, int]:
+        return self.prompts.weight.numel(), self.embeds.numel() * self.embeds.element_size()

@@ -1,0 +1,85 @@
+"""task=train: fit the chosen method's drafter with Lightning and export it as a drafter artifact.
+
+The run folder (Hydra's output dir) holds the logger's files, Lightning checkpoints (trainable tensors only) and the
+exported artifact. Rerunning into the same folder (hydra.run.dir=...) resumes from checkpoints/last.ckpt.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
+from omegaconf import DictConfig, OmegaConf
+
+from specbench.config import build
+from specbench.errors import SpecbenchError
+from specbench.models.loading import cache_root
+from specbench.tasks._common import run_dir
+from specbench.training.artifact import save_artifact
+from specbench.training.datamodule import ShareGPTDataModule
+
+
+def run(cfg: DictConfig) -> dict:
+    return train(cfg, run_dir(cfg))
+
+
+def make_logger(cfg: DictConfig, run_dir: Path):
+    """The run's logger group (csv | wandb offline), writing into this run folder; CSV when none is configured."""
+    if OmegaConf.select(cfg, "logger._target_") is None:
+        return L.pytorch.loggers.CSVLogger(save_dir=str(run_dir), name="logs", version="")
+    return build(cfg.logger, save_dir=str(run_dir))
+
+
+def train(cfg: DictConfig, run_dir: Path, callbacks: list | None = None) -> dict:
+    method = cfg.method.name
+    tcfg = OmegaConf.select(cfg, "method.train")
+    if tcfg is None:
+        raise SpecbenchError(f"method={method} has nothing to train; trainable methods: medusa, ppd, draft_model")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    target = build(cfg.model, dtype=tcfg.dtype)
+    module = build(tcfg.module, backbone=target.model, **_extra_kwargs(tcfg.module, target))
+    generator = None
+    if tcfg.data.self_distill is not None:
+        sd_dtype = tcfg.data.self_distill.dtype
+        generator = target if sd_dtype == tcfg.dtype else build(cfg.model, dtype=sd_dtype)
+    data = ShareGPTDataModule(target.tokenizer, tcfg.data.num_conversations, tcfg.data.num_val,
+                              tcfg.data.max_length, tcfg.data.batch_size,
+                              None if tcfg.data.self_distill is None else OmegaConf.to_container(tcfg.data.self_distill),
+                              generator, cache_root() / "training")
+    ckpt_dir = run_dir / "checkpoints"
+    checkpoint = ModelCheckpoint(dirpath=str(ckpt_dir), save_last=True, save_top_k=1,
+                                 every_n_train_steps=tcfg.checkpoint_every_n_steps)
+    trainer = build(cfg.trainer, default_root_dir=str(run_dir), max_epochs=tcfg.epochs,
+                          max_steps=tcfg.max_steps, logger=make_logger(cfg, run_dir),
+                          callbacks=[checkpoint, *(callbacks or [])])
+    resume = ckpt_dir / "last.ckpt"
+    start = time.time()
+    trainer.fit(module, data, ckpt_path=str(resume) if resume.exists() else None)
+    fit_time = time.time() - start
+    trainer.validate(module, data, verbose=False)  # held-out accuracies of the final weights, for the artifact
+    trainable, share = module.trainable_share()
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+    metrics |= {"rank_accuracy": module.rank_accuracy, "trainable_params": trainable, "trainable_share": share,
+                "fit_wall_time_s": fit_time, "global_step": trainer.global_step}
+    train_cfg = OmegaConf.to_container(tcfg, resolve=True)
+    out = save_artifact(run_dir / tcfg.export, method, target, module.arch(), module.export_tensors(), train_cfg,
+                        metrics)
+    if getattr(module, "joint", False):  # Medusa-2: the heads go with the LoRA-tuned backbone
+        module.backbone.save_pretrained(str(run_dir / "lora_adapter"))
+    summary = {"artifact": str(out), **{k: v for k, v in metrics.items() if k != "rank_accuracy"}}
+    (run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
+    print(json.dumps(summary, indent=2))
+    return summary
+
+
+def _extra_kwargs(module_cfg: DictConfig, target) -> dict:
+    """Pass the tokenizer to modules that ask for it (PPD initialises its prompt tokens from text)."""
+    import inspect
+
+    from hydra.utils import get_class
+
+    params = inspect.signature(get_class(module_cfg._target_).__init__).parameters
+    return {"tokenizer": target.tokenizer} if "tokenizer" in params else {}
