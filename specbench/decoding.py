@@ -38,6 +38,7 @@ class Generation:
     wall_time: float  # prefill included
     steps: list[StepRecord] = field(default_factory=list)
     kv_cache_bytes: int = 0
+    token_logprobs: list[float] = field(default_factory=list)  # log p(token) under the sampling distribution (T > 0)
 
     @property
     def accept_lengths(self) -> list[int]:
@@ -80,6 +81,7 @@ class Decoder:
         state = DecodeState(tokens=list(prompt_ids) + [first], prompt_len=prompt_len, last=last)
         self.drafter.reset(state)
         gen = Generation(prompt_len, [first], prefill_time=self._clock() - start, wall_time=0.0)
+        self._log_probs(gen, last.logits, [first])
 
         done = self._finished(gen, [first])
         while not done:
@@ -99,14 +101,23 @@ class Decoder:
             self.drafter.observe(StepOutcome(tree, acc.path, acc.next_token, vout))
             t4 = self._clock()
             gen.tokens.extend(new_tokens)
+            self._log_probs(gen, vout.logits[acc.path], new_tokens)
             gen.steps.append(StepRecord(len(tree), int(tree.depths.max()), acc.accepted, draft_time=(t1 - t0) + (t4 - t3),
                                         verify_time=t2 - t1, step_time=t4 - t0))
             done = self._finished(gen, new_tokens)
 
         gen.tokens = self._truncate(gen.tokens)
+        gen.token_logprobs = gen.token_logprobs[: len(gen.tokens)]
         gen.wall_time = self._clock() - start
         gen.kv_cache_bytes = cache_bytes(cache)
         return gen
+
+    def _log_probs(self, gen: Generation, logits: torch.Tensor, tokens: list[int]) -> None:
+        """Under sampling, record how likely the target found each emitted token: the evaluator's distribution check
+        compares these between baseline and method (row i of logits predicted tokens[i])."""
+        if not self.sampling.greedy:
+            probs = self.sampling.probs(logits[: len(tokens)])
+            gen.token_logprobs += probs.gather(-1, torch.tensor(tokens)[:, None]).log().flatten().tolist()
 
     def _finished(self, gen: Generation, new_tokens: list[int]) -> bool:
         return (len(gen.tokens) >= self.max_new_tokens or not self.eos.isdisjoint(new_tokens)

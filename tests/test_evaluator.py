@@ -58,3 +58,10 @@ def test_a_killed_run_resumes_without_duplicates_or_losses(tmp_path, monkeypatch
     keys = [(r["method"], r["question_id"]) for r in records]
     assert len(keys) == len(set(keys)) == 8
     assert records[:4] == partial  # nothing already written was lost or rewritten
+
+
+def test_sampling_runs_report_a_distribution_check_instead_of_token_equality(tmp_path):
+    summary = eval_task.run(compose_cfg([*FAST, "sampling=sample", "eval.latency_profile=false"], tmp_path))
+    row = summary.set_index("method").loc["pld"]
+    assert pd.isna(row["lossless_match"])  # outputs differ by design when sampling
+    assert row["mean_nll"] > 0 and pd.notna(row["nll_z"])

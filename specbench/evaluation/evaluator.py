@@ -91,7 +91,7 @@ class Evaluator:
             "output_ids": gen.tokens, "kv_cache_bytes": gen.kv_cache_bytes,
             "peak_mem_mb": peak_memory_mb(self.target.model.device), "drafter_params": params,
             "drafter_bytes": nbytes, "accept": self.acceptance.name, "lossless_rule": self.acceptance.lossless,
-            "temperature": self.sampling.temperature,
+            "temperature": self.sampling.temperature, "token_logprobs": [round(x, 5) for x in gen.token_logprobs],
         }
 
     def _postfix(self) -> str:

@@ -78,8 +78,23 @@ def summarize(records: pd.DataFrame, latency_profile: pd.DataFrame | None = None
             "drafter_mb": grp["drafter_bytes"].iloc[0] / 2**20,
             "lossless_rule": bool(grp["lossless_rule"].iloc[0]),
             "per_depth_acceptance": per_depth_acceptance(grp),
+            **_distribution_check(grp, base),
         })
     return pd.DataFrame(rows)
+
+
+def _distribution_check(grp: pd.DataFrame, base: pd.DataFrame) -> dict:
+    """Sampling runs: mean NLL of the emitted tokens under the target's sampling distribution, and a Welch z-score
+    of the per-prompt means against the baseline's. A lossless method draws from the same distribution, so |z| stays
+    small; a lossy rule (typical acceptance) shifts it."""
+    def per_prompt(g):
+        return np.array([-np.mean(lp) for lp in g.get("token_logprobs", []) if len(lp)])
+
+    ours, ref = per_prompt(grp), per_prompt(base)
+    if len(ours) < 2 or len(ref) < 2:
+        return {"mean_nll": math.nan, "nll_z": math.nan}
+    se = math.sqrt(ours.var(ddof=1) / len(ours) + ref.var(ddof=1) / len(ref))
+    return {"mean_nll": float(ours.mean()), "nll_z": float((ours.mean() - ref.mean()) / se) if se > 0 else 0.0}
 
 
 def _tokens_per_s(grp: pd.DataFrame) -> float:

@@ -29,7 +29,7 @@ def run(cfg) -> pd.DataFrame:
     hw, target = setup_target(cfg)
     tree = build(cfg.tree)
     drafter = build_drafter(cfg.method.drafter, target, tree)
-    settings = EvalSettings(max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.seed, warmup=cfg.eval.warmup,
+    settings = EvalSettings(max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.eval.seed, warmup=cfg.eval.warmup,
                             chat_template=target.chat_template, baseline=cfg.eval.baseline)
     evaluator = Evaluator(target, cfg.method.name, drafter, build(cfg.accept), sampling, dataset, settings, out)
     records = evaluator.run()
