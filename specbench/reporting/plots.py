@@ -31,10 +31,7 @@ def _speed(summary: pd.DataFrame, path: Path) -> Path:
         ax1.annotate(f"{s:.2f}x", (i, summary["tokens_per_s"].iloc[i]), ha="center", va="bottom")
     ax2.bar(summary["method"], summary["tau"], color="tab:green")
     ax2.set_ylabel("tau (mean accepted length)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def _accept_hist(records: pd.DataFrame, path: Path) -> Path:
@@ -45,11 +42,7 @@ def _accept_hist(records: pd.DataFrame, path: Path) -> Path:
             ax.hist(lengths, bins=np.arange(1, lengths.max() + 2) - 0.5, alpha=0.6, label=method, density=True)
     ax.set_xlabel("tokens per step (bonus included)")
     ax.set_ylabel("share of steps")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path, ax)
 
 
 def _per_depth(summary: pd.DataFrame, path: Path) -> Path:
@@ -61,11 +54,7 @@ def _per_depth(summary: pd.DataFrame, path: Path) -> Path:
     ax.set_xlabel("depth d")
     ax.set_ylabel("P(accept d | accept d-1)")
     ax.set_ylim(0, 1)
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path, ax)
 
 
 def _latency(profile: pd.DataFrame, path: Path) -> Path:
@@ -76,7 +65,12 @@ def _latency(profile: pd.DataFrame, path: Path) -> Path:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("tokens in one forward")
     ax.set_ylabel("ms")
-    ax.legend()
+    return _save(fig, path, ax)
+
+
+def _save(fig, path: Path, legend_ax=None) -> Path:
+    if legend_ax is not None:
+        legend_ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
