@@ -79,7 +79,7 @@ class DraftModelDrafter(Drafter):
             self._committed = len(self._tokens)
             missing = self._tokens[self.cache.get_seq_length():]
             out = model(input_ids=torch.tensor([missing], device=model.device), past_key_values=self.cache,
-                        use_cache=True)
+                        use_cache=True, logits_to_keep=1)  # the LM head only where a distribution is needed
             self._slots[0] = self._committed - 1
             return self._draft_probs(out.logits[0, -1:])
         past = self.cache.get_seq_length()
