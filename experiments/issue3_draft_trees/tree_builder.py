@@ -47,7 +47,7 @@ def part_b(layers: int, max_new_tokens: int, budgets: list[int], calib: int, eva
     target = smollm2("bfloat16")
     calib_prompts = mt_bench_ids(target.tokenizer, 20, calib)
     eval_prompts = mt_bench_ids(target.tokenizer, 0, evals)
-    depth, ranks = 8, 8
+    depth, ranks = 6, 6
     print(f"[{now()}] calibrating early exit at {layers} layers on {calib} prompts", flush=True)
     drafter = DraftModelDrafter(target, probe_tree(depth, ranks), early_exit_layers=layers)
     calibration = calibrate(target.model, drafter, calib_prompts, depth, ranks, max_new_tokens, target.eos_token_ids)
