@@ -34,7 +34,8 @@ class ShareGPTDataModule(L.LightningDataModule):
         conversations = read_sharegpt(self.num_conversations)
         if self.self_distill is not None:
             sd = dict(self.self_distill)
-            path = cache_file(Path(self.cache_dir), self.generator.name, **sd)
+            path = cache_file(Path(self.cache_dir), self.generator.name, max_prompt_tokens=sd["max_prompt_tokens"],
+                              max_new_tokens=sd["max_new_tokens"], dtype=sd["dtype"])
             examples = generate_responses(self.generator, conversations, path, sd["max_prompt_tokens"],
                                           sd["max_new_tokens"], sd.get("batch_size", 16))
         else:
