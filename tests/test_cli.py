@@ -66,3 +66,10 @@ def test_tiny_run_end_to_end(tmp_path):
     for name in (".hydra/config.yaml", "records.jsonl", "summary.json", "summary.csv", "logs/metrics.csv"):
         assert (run_dir / name).exists(), name
     assert "pld" in proc.stdout and "autoregressive" in proc.stdout
+
+
+def test_wandb_logger_writes_an_offline_run(tmp_path):
+    proc = run([*TINY, "eval.num_prompts=1", "logger=wandb"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    runs = list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert runs and runs[0].stat().st_size > 0
