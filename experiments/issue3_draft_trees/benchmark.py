@@ -2,11 +2,12 @@
 
 bf16, greedy: autoregressive baseline; draft_model as a chain and as a dynamic (EAGLE-2) tree: tau and speedup.
 fp32, greedy: the same two, lossless match (share of prompts whose tokens equal autoregressive decoding's).
-bf16, temperature 0.7: autoregressive sampling baseline; rejection sampling (chain with sampled drafts, and the
-dynamic tree as deterministic candidates): tau and speedup; typical acceptance (dynamic tree): tau, speedup, and
-how often its output differs from greedy decoding.
+bf16, temperature 0.7 (part "hot"): autoregressive sampling baseline; rejection sampling with a chain of sampled
+drafts (and, with part "dynamic-rejection", the dynamic tree as deterministic candidates): tau and speedup; typical
+acceptance (dynamic tree): tau, speedup, and how often its output differs from greedy decoding.
 
-    python experiments/issue3_draft_trees/benchmark.py [--layers 8] [--max-new-tokens 128] [--prompts 20]
+    python experiments/issue3_draft_trees/benchmark.py [--layers 24] [--max-new-tokens 32] [--prompts 20]
+        [--parts bf16 hot fp32]
 """
 
 from __future__ import annotations
@@ -53,22 +54,21 @@ def main(layers: int, max_new_tokens: int, num_prompts: int, chain_depth: int, t
         print(f"[{now()}] {name}: tau {result.tau:.2f}, {result.tokens_per_s:.1f} tok/s{speed} {extra}", flush=True)
 
     greedy, hot = SamplingParams(), SamplingParams(temperature=0.7)
-    if "bf16" in parts:
+    if "bf16" in parts or "hot" in parts:
         target = smollm2("bfloat16")
         prompts = mt_bench_ids(target.tokenizer, 0, num_prompts)
         ar = run(target, AutoregressiveDrafter(), ExactAcceptance(), greedy, prompts, max_new_tokens)
         report("bf16 greedy autoregressive", ar)
+    if "bf16" in parts:
         for name, drafter in (("chain", chain()), ("dynamic", dynamic())):
             result = run(target, drafter, ExactAcceptance(), greedy, prompts, max_new_tokens)
             same = sum(a == b for a, b in zip(result.outputs, ar.outputs))
             report(f"bf16 greedy draft_model {name}", result, ar, f"(bf16 match {same}/{num_prompts})")
-
+    if "hot" in parts:
         ar_hot = run(target, AutoregressiveDrafter(), ExactAcceptance(), hot, prompts, max_new_tokens)
         report("bf16 T=0.7 autoregressive sampling", ar_hot)
         result = run(target, chain(0.7), RejectionSampling(), hot, prompts, max_new_tokens)
         report("bf16 T=0.7 rejection, chain (sampled drafts)", result, ar_hot)
-        result = run(target, dynamic(), RejectionSampling(), hot, prompts, max_new_tokens)
-        report("bf16 T=0.7 rejection, dynamic tree (deterministic candidates)", result, ar_hot)
         result = run(target, dynamic(), TypicalAcceptance(), hot, prompts, max_new_tokens)
         differ = sum(a != b for a, b in zip(result.outputs, ar.outputs))
         agree = sum(first_divergence(a, b) for a, b in zip(result.outputs, ar.outputs)) / num_prompts
@@ -76,7 +76,9 @@ def main(layers: int, max_new_tokens: int, num_prompts: int, chain_depth: int, t
                f"(differs from greedy on {differ}/{num_prompts} prompts; first difference after {agree:.1f} tokens "
                f"on average; speedup vs greedy AR {result.tokens_per_s / ar.tokens_per_s:.2f}x)")
         results["typical_differs_from_greedy"] = differ
-        del target
+        if "dynamic-rejection" in parts:
+            result = run(target, dynamic(), RejectionSampling(), hot, prompts, max_new_tokens)
+            report("bf16 T=0.7 rejection, dynamic tree (deterministic candidates)", result, ar_hot)
     if "fp32" in parts:
         target = smollm2("float32")
         prompts = mt_bench_ids(target.tokenizer, 0, num_prompts)
@@ -92,14 +94,14 @@ def main(layers: int, max_new_tokens: int, num_prompts: int, chain_depth: int, t
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=24)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--chain-depth", type=int, default=4)
     parser.add_argument("--top-k", type=int, default=4)
     parser.add_argument("--depth", type=int, default=5)
     parser.add_argument("--total-tokens", type=int, default=16)
-    parser.add_argument("--parts", nargs="+", default=["bf16", "fp32"])
+    parser.add_argument("--parts", nargs="+", default=["bf16", "hot", "fp32"])
     args = parser.parse_args()
     out = main(args.layers, args.max_new_tokens, args.prompts, args.chain_depth,
                {"top_k": args.top_k, "depth": args.depth, "total_tokens": args.total_tokens}, args.parts)
