@@ -42,18 +42,26 @@ def part_a() -> dict:
     return {"greedy_64": greedy_tau, "mc_sim_7b_63": mc_sim, "cartesian": [[w, t] for t, w in cartesian]}
 
 
-def part_b(layers: int, max_new_tokens: int, budgets: list[int], calib: int, evals: int) -> dict:
+def part_b(layers: int, max_new_tokens: int, budgets: list[int], calib: int, evals: int,
+           calibration_file: str | None) -> dict:
     set_threads()
     target = smollm2("bfloat16")
-    calib_prompts = mt_bench_ids(target.tokenizer, 20, calib)
     eval_prompts = mt_bench_ids(target.tokenizer, 0, evals)
-    depth, ranks = 6, 6
-    print(f"[{now()}] calibrating early exit at {layers} layers on {calib} prompts", flush=True)
-    drafter = DraftModelDrafter(target, probe_tree(depth, ranks), early_exit_layers=layers)
-    calibration = calibrate(target.model, drafter, calib_prompts, depth, ranks, max_new_tokens, target.eos_token_ids)
-    path = calibration.save(HERE / f"calibration_smollm2_early_exit_{layers}.json", drafter=f"early_exit_{layers}",
-                            model="smollm2_135m", dataset=f"mt_bench[20:{20 + calib}]", max_new_tokens=max_new_tokens)
-    for level, row in enumerate(calibration.accept_prob, 1):
+    if calibration_file:  # reuse a saved calibration
+        path = Path(calibration_file)
+        accept_prob = json.loads(path.read_text())["accept_prob"]
+    else:
+        depth, ranks = 6, 6
+        calib_prompts = mt_bench_ids(target.tokenizer, 20, calib)
+        print(f"[{now()}] calibrating early exit at {layers} layers on {calib} prompts", flush=True)
+        drafter = DraftModelDrafter(target, probe_tree(depth, ranks), early_exit_layers=layers)
+        calibration = calibrate(target.model, drafter, calib_prompts, depth, ranks, max_new_tokens,
+                                target.eos_token_ids)
+        path = calibration.save(HERE / f"calibration_smollm2_early_exit_{layers}.json",
+                                drafter=f"early_exit_{layers}", model="smollm2_135m",
+                                dataset=f"mt_bench[20:{20 + calib}]", max_new_tokens=max_new_tokens)
+        accept_prob = calibration.accept_prob
+    for level, row in enumerate(accept_prob, 1):
         print(f"   depth {level}: " + " ".join(f"{a:.3f}" for a in row))
     rows = []
     print(f"\nB. SmolLM2-135M, early exit at {layers} layers, greedy trees, MT-Bench prompts 0-{evals - 1}, "
@@ -77,10 +85,11 @@ if __name__ == "__main__":
     parser.add_argument("--budgets", type=int, nargs="+", default=[4, 8, 16, 32, 64])
     parser.add_argument("--calib-prompts", type=int, default=10)
     parser.add_argument("--eval-prompts", type=int, default=10)
+    parser.add_argument("--calibration", help="a saved calibration JSON: skip calibrating")
     parser.add_argument("--skip-b", action="store_true")
     args = parser.parse_args()
     out = {"medusa": part_a()}
     if not args.skip_b:
         out["smollm2"] = part_b(args.layers, args.max_new_tokens, args.budgets, args.calib_prompts,
-                                args.eval_prompts)
+                                args.eval_prompts, args.calibration)
         (HERE / f"tree_builder_results_{args.layers}.json").write_text(json.dumps(out, indent=1) + "\n")
