@@ -36,7 +36,8 @@ for dataset in (load_dataset("mt_bench", "mt_bench", num_prompts=num_prompts, ro
     for name, make in methods:
         Evaluator(target, name, make(), ExactAcceptance(), SamplingParams(), dataset,
                   EvalSettings(max_new_tokens=max_new), run_dir).run()
-    records = pd.concat([pd.read_json(run_dir / "records.jsonl", lines=True)])
+    records = pd.read_json(run_dir / "records.jsonl", lines=True, dtype={"question_id": str})
+    records = records[records["question_id"].isin({p.question_id for p in dataset})]  # this run's prompts only
     summary = summarize(records)
     summary.to_csv(run_dir / "summary.csv", index=False)
     with pd.option_context("display.width", 200, "display.precision", 3):
