@@ -37,10 +37,12 @@ class RunResult:
     new_tokens: int
 
 
-def run(target, drafter, rule, sampling: SamplingParams, prompts, max_new_tokens: int, seed: int = 0) -> RunResult:
+def run(target, drafter, rule, sampling: SamplingParams, prompts, max_new_tokens: int, seed: int = 0,
+        warmup: bool = True) -> RunResult:
     """Decode every prompt; tau = decode tokens / steps (bonus included), tokens/s with prefill included."""
     decoder = Decoder(target.model, drafter, rule, sampling, max_new_tokens, target.eos_token_ids, seed=seed)
-    decoder.generate(prompts[0][:16])  # warm-up, untimed
+    if warmup:
+        decoder.generate(prompts[0][:16])  # untimed
     steps = decode_tokens = new_tokens = 0
     wall, outputs = 0.0, []
     for ids in prompts:
