@@ -19,15 +19,15 @@ from specbench.trees.token_tree import TokenTree
 
 PRESET_DIR = Path(__file__).resolve().parents[2] / "conf" / "tree" / "presets"
 
-Path_ = tuple[int, ...]
+RankPath = tuple[int, ...]  # ranks from the root, one per depth
 
 
-def validate_choices(choices) -> list[Path_]:
+def validate_choices(choices) -> list[RankPath]:
     """The paths sorted by (depth, ranks) -- parents before children, siblings in rank order -- or a clear error."""
     if not isinstance(choices, (list, tuple)) or len(choices) == 0:
         raise SpecbenchError(f"tree.choices={choices!r} is invalid: give a non-empty list of paths such as "
                              f"[[0], [1], [0, 0]]")
-    paths: set[Path_] = set()
+    paths: set[RankPath] = set()
     for i, path in enumerate(choices):
         ok = isinstance(path, (list, tuple)) and len(path) > 0 and all(
             isinstance(r, int) and not isinstance(r, bool) and r >= 0 for r in path)
@@ -70,7 +70,7 @@ class StaticPolicy(TreePolicy):
                                  "(a preset name or JSON file)")
         paths = validate_choices(load_preset(preset) if preset is not None else _plain(choices))
         self.paths = paths
-        self.children: dict[Path_, list[int]] = {}
+        self.children: dict[RankPath, list[int]] = {}
         for path in paths:
             self.children.setdefault(path[:-1], []).append(path[-1])
         self.depth = max(len(p) for p in paths)
@@ -82,7 +82,7 @@ class StaticPolicy(TreePolicy):
     def build(self, root: int, expander: DraftExpander) -> TokenTree:
         generator = getattr(expander, "generator", None)
         tree = GrowingTree.rooted(root)
-        node_of: dict[Path_, int] = {(): 0}
+        node_of: dict[RankPath, int] = {(): 0}
         for depth in range(self.depth):
             parents = [p for p in self.children if len(p) == depth and p in node_of]
             if not parents:
