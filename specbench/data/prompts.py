@@ -70,6 +70,15 @@ def humaneval() -> list[Prompt]:
             for r in rows]
 
 
+def sharegpt(offset: int = 10_000, count: int = 400) -> list[Prompt]:
+    """First user turns of ShareGPT conversations far past the ones drafters train on (training takes the first few
+    thousand), so evaluation prompts are held out."""
+    from specbench.data.sharegpt import read_sharegpt
+
+    return [Prompt(f"sharegpt-{offset + i}", "sharegpt", (conv[0]["content"],))
+            for i, conv in enumerate(read_sharegpt(offset + count)[offset:])]
+
+
 class PromptDataset:
     """A named list of prompts, limited to the first num_prompts (optionally to some categories)."""
 
@@ -117,7 +126,7 @@ def load_dataset(name: str, source: str, path: str | None = None, num_prompts: i
     return PromptDataset(name, prompts, num_prompts, categories, round_robin)
 
 
-SOURCES = {"mt_bench": mt_bench, "humaneval": humaneval, "jsonl": None}
+SOURCES = {"mt_bench": mt_bench, "humaneval": humaneval, "sharegpt": sharegpt, "jsonl": None}
 
 
 def encode_prompt(tokenizer, prompt: Prompt, chat_template: bool = True) -> list[int]:

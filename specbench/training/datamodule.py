@@ -9,9 +9,10 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
+from specbench.data.sharegpt import read_sharegpt
 from specbench.errors import SpecbenchError
 from specbench.training.self_distill import cache_file, generate_responses
-from specbench.training.sharegpt import Example, format_conversation, read_sharegpt
+from specbench.training.sharegpt import Example, format_conversation
 
 
 class ShareGPTDataModule(L.LightningDataModule):
