@@ -210,3 +210,17 @@ def test_calibration_counts_each_rank_of_the_accepted_parent():
     calibration = Calibration(depth=2, ranks=2)
     calibration.record(tree, [0, 2, 4], logits)
     assert calibration.hits == [[0, 1], [0, 1]] and calibration.trials == [[1, 1], [1, 1]]
+
+
+def test_task_calibrate_writes_the_json_tree_greedy_reads(tmp_path):
+    from specbench.tasks import dispatch
+    from specbench.trees.greedy import GreedyPolicy
+
+    from .conftest import compose_cfg
+
+    out = tmp_path / "cal.json"
+    cfg = compose_cfg(["task=calibrate", "model=tiny_random", "method=draft_model", "method.draft.early_exit_layers=1",
+                       "eval.dtype=float32", "eval.num_prompts=2", "eval.max_new_tokens=8",
+                       "+calibration.depth=2", "+calibration.ranks=3", f"+calibration.out={out}"], tmp_path)
+    dispatch(cfg)
+    assert GreedyPolicy(n=4, accept_prob=str(out)).expected_tau >= 1.0

@@ -6,7 +6,7 @@ Greedy verification gives the target's own next token at every node, so after ea
 node, which of its children (if any) was right. accept_prob[d][i] = hits / trials of the i-th child at depth d+1,
 given its parent was accepted: the conditional probability the greedy builder multiplies along a path.
 
-    python -m specbench.trees.calibration method=draft_model dataset=mt_bench +calibration.out=calib.json
+    python run.py task=calibrate method=draft_model dataset=mt_bench +calibration.out=calib.json
     (+calibration.depth=5 +calibration.ranks=8 +calibration.num_prompts=20 +calibration.max_new_tokens=128)
 """
 
@@ -125,9 +125,3 @@ def run(cfg) -> Path:
         print(f"  depth {level}: " + " ".join(f"{a:.3f}" for a in row))
     return path
 
-
-if __name__ == "__main__":
-    import hydra
-
-    hydra.main(version_base="1.3", config_path=str(Path(__file__).resolve().parents[2] / "conf"),
-               config_name="config")(run)()
