@@ -65,3 +65,11 @@ def test_sampling_runs_report_a_distribution_check_instead_of_token_equality(tmp
     row = summary.set_index("method").loc["pld"]
     assert pd.isna(row["lossless_match"])  # outputs differ by design when sampling
     assert row["mean_nll"] > 0 and pd.notna(row["nll_z"])
+
+
+def test_the_baseline_samples_from_the_target_whatever_rule_the_method_uses(tmp_path):
+    """Typical acceptance takes the greedy token at the root; the AR baseline must still sample from the target."""
+    eval_task.run(compose_cfg([*FAST, "sampling=sample", "accept=typical", "eval.latency_profile=false"], tmp_path))
+    sampled = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
+    base = [r for r in sampled if r["method"] == "autoregressive"]
+    assert {r["accept"] for r in base} == {"exact"}

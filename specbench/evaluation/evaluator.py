@@ -13,6 +13,7 @@ import torch
 from tqdm import tqdm
 
 from specbench.acceptance.base import AcceptanceRule
+from specbench.acceptance.exact import ExactAcceptance
 from specbench.acceptance.sampling import SamplingParams
 from specbench.config import build
 from specbench.data.prompts import PromptDataset, encode_prompt
@@ -42,8 +43,8 @@ class Evaluator:
         self.run_dir = Path(run_dir)
         self.store = RecordStore(self.run_dir / "records.jsonl")
 
-    def _decoder(self, drafter: Drafter) -> Decoder:
-        return Decoder(self.target.model, drafter, self.acceptance, self.sampling, self.settings.max_new_tokens,
+    def _decoder(self, drafter: Drafter, acceptance: AcceptanceRule) -> Decoder:
+        return Decoder(self.target.model, drafter, acceptance, self.sampling, self.settings.max_new_tokens,
                        self.target.eos_token_ids, seed=self.settings.seed, max_context=self.target.max_context)
 
     def run(self) -> pd.DataFrame:
@@ -53,10 +54,11 @@ class Evaluator:
             if len(ids) >= self.target.max_context:
                 raise SpecbenchError(f"prompt {p.question_id} has {len(ids)} tokens, more than the model's context "
                                      f"of {self.target.max_context}; drop it from the dataset or raise the context")
-        runs = [(self.method, self.drafter)]
+        runs = [(self.method, self.drafter, self.acceptance)]
         if self.settings.baseline and self.method != BASELINE:
-            runs.insert(0, (BASELINE, AutoregressiveDrafter()))
-        decoders = [(name, self._decoder(d), d) for name, d in runs]
+            # the baseline samples from the target itself: a lossy rule (typical's greedy first token) must not leak in
+            runs.insert(0, (BASELINE, AutoregressiveDrafter(), ExactAcceptance()))
+        decoders = [(name, self._decoder(d, rule), d) for name, d, rule in runs]
         todo = [(p, ids) for p, ids in encoded if any(not self.store.has(n, p.question_id) for n, _, _ in decoders)]
         if todo:
             self._warmup(decoders, todo[0][1])
@@ -66,7 +68,7 @@ class Evaluator:
                 if self.store.has(name, prompt.question_id):
                     continue
                 gen = decoder.generate(ids)
-                self.store.append(self._record(name, drafter, prompt, gen))
+                self.store.append(self._record(name, drafter, decoder.acceptance, prompt, gen))
             bar.set_postfix_str(self._postfix())
         return self.store.frame()
 
@@ -78,7 +80,7 @@ class Evaluator:
                 decoder.generate(ids)
                 decoder.max_new_tokens = limit
 
-    def _record(self, name: str, drafter: Drafter, prompt, gen: Generation) -> dict:
+    def _record(self, name: str, drafter: Drafter, rule: AcceptanceRule, prompt, gen: Generation) -> dict:
         params, nbytes = drafter.parameters_bytes()
         return {
             "method": name, "question_id": prompt.question_id, "category": prompt.category,
@@ -90,7 +92,7 @@ class Evaluator:
             "framework_times": [round(s.step_time - s.draft_time - s.verify_time, 7) for s in gen.steps],
             "output_ids": gen.tokens, "kv_cache_bytes": gen.kv_cache_bytes,
             "peak_mem_mb": peak_memory_mb(self.target.model.device), "drafter_params": params,
-            "drafter_bytes": nbytes, "accept": self.acceptance.name, "lossless_rule": self.acceptance.lossless,
+            "drafter_bytes": nbytes, "accept": rule.name, "lossless_rule": rule.lossless,
             "temperature": self.sampling.temperature, "token_logprobs": [round(x, 5) for x in gen.token_logprobs],
         }
 
