@@ -52,17 +52,12 @@ def verify_tree(model, cache, tree: TokenTree, want_hidden: bool = False, extra_
 
 
 def _forward_with_extra(model, cache, tree, past_len, extra_embeds, extra_parents, want_hidden):
-    parents = torch.cat([tree.parents, extra_parents.to(torch.long)])
-    n = parents.numel()
-    depths = torch.cat([tree.depths, torch.zeros(n - len(tree), dtype=torch.long)])
-    anc = torch.eye(n, dtype=torch.bool)
-    for i in range(1, n):
-        anc[i] |= anc[int(parents[i])]
-        if i >= len(tree):  # an extra may hang under a tree node or an earlier extra (PPD's prompt-token chains)
-            depths[i] = depths[int(parents[i])] + 1
-    mask = torch.cat([torch.ones(n, past_len, dtype=torch.bool), anc], dim=1)[None, None]
+    """The extras join the tree as extra rows: the joint TokenTree gives their depths and ancestor mask (and checks
+    that each hangs under an earlier row); their placeholder tokens are never embedded."""
+    placeholders = torch.zeros(extra_parents.numel(), dtype=torch.long)
+    joint = TokenTree(torch.cat([tree.tokens, placeholders]), torch.cat([tree.parents, extra_parents.to(torch.long)]))
     embeds = model.get_input_embeddings()(tree.tokens.to(model.device))
     embeds = torch.cat([embeds, extra_embeds.to(embeds.dtype)], dim=0)[None]
-    return model(inputs_embeds=embeds, attention_mask=mask.to(model.device),
-                 position_ids=(depths + past_len).to(model.device)[None], past_key_values=cache, use_cache=True,
-                 output_hidden_states=want_hidden)
+    return model(inputs_embeds=embeds, attention_mask=tree_attention_mask(joint, past_len).to(model.device),
+                 position_ids=joint.position_ids(past_len).to(model.device)[None], past_key_values=cache,
+                 use_cache=True, output_hidden_states=want_hidden)
