@@ -20,6 +20,7 @@ from transformers import DynamicCache
 from specbench.acceptance.sampling import SamplingParams
 from specbench.drafters.base import DecodeState, Drafter, StepOutcome
 from specbench.errors import SpecbenchError
+from specbench.models.distilled_draft import load_distilled_draft
 from specbench.models.early_exit import early_exit
 from specbench.models.loading import LoadedModel
 from specbench.trees.policy import GrowingTree, TreePolicy
@@ -45,18 +46,27 @@ class DraftModelDrafter(Drafter):
     name = "draft_model"
 
     def __init__(self, target: LoadedModel, tree: TreePolicy, draft_model: LoadedModel | DictConfig | None = None,
-                 early_exit_layers: int | None = None, temperature: float = 0.0, top_p: float = 1.0,
-                 top_k: int = 0, seed: int = 0) -> None:
-        if (draft_model is None) == (early_exit_layers is None):
+                 early_exit_layers: int | None = None, checkpoint: str | None = None, temperature: float = 0.0,
+                 top_p: float = 1.0, top_k: int = 0, seed: int = 0) -> None:
+        """The draft is, first match wins: a distilled artifact (checkpoint), else exactly one of a model-group
+        entry (draft_model) and the target's first early_exit_layers layers."""
+        if checkpoint is not None and draft_model is not None:
+            raise SpecbenchError("method=draft_model got two drafts: method.checkpoint (a distilled draft) and "
+                                 "method.draft.model; set one of them to null")
+        if checkpoint is None and (draft_model is None) == (early_exit_layers is None):
             raise SpecbenchError("method=draft_model needs exactly one draft: method.draft.early_exit_layers=N (the "
-                                 "target's first N layers) or a model-group entry in method.draft.model (then set "
-                                 "method.draft.early_exit_layers=null)")
+                                 "target's first N layers), a model-group entry in method.draft.model (then set "
+                                 "method.draft.early_exit_layers=null) or a distilled draft in method.checkpoint")
         if isinstance(draft_model, DictConfig):  # a model-group node: load it like the target
             draft_model = instantiate(draft_model, dtype=str(target.model.dtype).removeprefix("torch."),
                                       device=str(target.model.device))
-        self.draft = early_exit(target, early_exit_layers) if draft_model is None else draft_model
+        if checkpoint is not None:
+            self.draft = load_distilled_draft(target, checkpoint)
+        else:
+            self.draft = early_exit(target, early_exit_layers) if draft_model is None else draft_model
         check_same_vocabulary(target, self.draft)
-        self.shares_target_weights = draft_model is None
+        self.shares_target_weights = checkpoint is None and draft_model is None
+        self._target_param_ids = {id(p) for p in target.model.parameters()}
         self.tree, self.sampling, self.seed = tree, SamplingParams(temperature, top_p, top_k), seed
         self.generator: torch.Generator | None = None  # policies sample children when this is set
         self.cache = DynamicCache()
@@ -118,7 +128,8 @@ class DraftModelDrafter(Drafter):
         commit_path(self.cache, self._committed, kept)
 
     def parameters_bytes(self) -> tuple[int, int]:
+        """The draft's own weights: those it shares with the target (early exit, distilled embeddings) are free."""
         if self.shares_target_weights:
             return 0, 0
-        params = list(self.draft.model.parameters())
+        params = [p for p in self.draft.model.parameters() if id(p) not in self._target_param_ids]
         return sum(p.numel() for p in params), sum(p.numel() * p.element_size() for p in params)

@@ -1,0 +1,49 @@
+"""A distilled draft: the target's first N layers as trainable copies, then a trainable copy of its final norm, on
+the target's own embeddings and LM head (shared, frozen).
+
+It starts as the early-exit draft and is trained by `specbench/training/draft_distill.py` (KL to the target), so
+only the N layers and the norm are new weights: a same-tokenizer draft that is a few MB, not a second model. The
+trained tensors travel as a drafter artifact (method draft_model) and are put back on the target's modules here.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from specbench.models.early_exit import early_exit
+from specbench.models.loading import LoadedModel
+from specbench.training.artifact import load_artifact
+
+
+def shallow_draft(target: LoadedModel, num_layers: int) -> LoadedModel:
+    """The early-exit view with its own copies of the first num_layers layers and the final norm."""
+    draft = early_exit(target, num_layers)
+    base = draft.model.model
+    base.layers = torch.nn.ModuleList(copy.deepcopy(layer) for layer in base.layers)
+    base.norm = copy.deepcopy(base.norm)
+    draft.name = f"{target.name}-draft{num_layers}"
+    draft.source = f"distilled from the first {num_layers} layers of {target.source}"
+    return draft
+
+
+def trained_tensors(draft: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The draft's own weights (layers and norm) from its transformers model, keyed as in the artifact."""
+    base = draft.model
+    return {f"layers.{k}": v for k, v in base.layers.state_dict().items()} | \
+        {f"norm.{k}": v for k, v in base.norm.state_dict().items()}
+
+
+def load_distilled_draft(target: LoadedModel, checkpoint: str) -> LoadedModel:
+    """The draft stored in a draft_model artifact, checked against the target first (see load_artifact)."""
+    meta, tensors = load_artifact(checkpoint, "draft_model", target)
+    draft = shallow_draft(target, int(meta["arch"]["num_layers"]))
+    base = draft.model.model
+    dtype = target.model.dtype
+    base.layers.load_state_dict({k.removeprefix("layers."): v.to(dtype) for k, v in tensors.items()
+                                 if k.startswith("layers.")})
+    base.norm.load_state_dict({k.removeprefix("norm."): v.to(dtype) for k, v in tensors.items()
+                               if k.startswith("norm.")})
+    draft.source = f"{checkpoint} ({draft.source})"
+    return draft
