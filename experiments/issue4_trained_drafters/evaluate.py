@@ -25,7 +25,8 @@ from specbench.models import load_model
 from specbench.trees.dynamic import DynamicPolicy
 
 ARTIFACTS = Path(__file__).resolve().parents[2] / "artifacts"
-COLUMNS = ["method", "num_prompts", "tau", "mean_tree_size", "tokens_per_s", "speedup", "overhead", "lossless_match"]
+COLUMNS = ["method", "num_prompts", "tau", "mean_tree_size", "tokens_per_s", "speedup", "overhead",
+           "draft_ms_per_step", "verify_ms_per_step", "lossless_match"]
 
 args = argparse.ArgumentParser()
 args.add_argument("out", type=Path)

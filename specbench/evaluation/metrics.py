@@ -66,6 +66,8 @@ def summarize(records: pd.DataFrame, latency_profile: pd.DataFrame | None = None
             "decode_tokens_per_s": (grp["new_tokens"] - 1).sum() / (grp["wall_time"] - grp["prefill_time"]).sum(),
             "speedup": speedup,
             "overhead": step / base_step if base_step else math.nan,
+            "draft_ms_per_step": 1e3 * grp["draft_time"].sum() / steps if steps else math.nan,
+            "verify_ms_per_step": 1e3 * grp["verify_time"].sum() / steps if steps else math.nan,
             "ideal_speedup": ideal,
             "efficiency": speedup / ideal if ideal else math.nan,
             "projected_speedup": projected,
