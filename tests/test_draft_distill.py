@@ -69,6 +69,8 @@ def test_the_exported_draft_rebuilds_and_decodes_losslessly(tiny, distilled):
 
 
 def test_a_distilled_draft_is_checked_and_not_combined_with_another(tiny, distilled, tmp_path):
+    with pytest.raises(SpecbenchError, match=r"num_layers=2 is invalid.*1\.\.1"):
+        DraftDistillModule(tiny.model, num_layers=2)
     with pytest.raises(SpecbenchError, match="two drafts"):
         DraftModelDrafter(tiny, ChainPolicy(), draft_model=tiny, checkpoint=distilled["artifact"])
     with pytest.raises(SpecbenchError, match="does not exist"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from specbench.errors import SpecbenchError
 from specbench.models.distilled_draft import shallow_draft, trained_tensors
 from specbench.models.loading import LoadedModel
 from specbench.training.base import DrafterModule, RankAccuracy
@@ -19,6 +20,10 @@ class DraftDistillModule(DrafterModule):
     def __init__(self, backbone, num_layers: int = 2, lr: float = 1e-3, warmup_ratio: float = 0.05,
                  weight_decay: float = 0.0, export_dtype: str = "bfloat16") -> None:
         super().__init__(backbone, lr, warmup_ratio, weight_decay)
+        depth = backbone.config.num_hidden_layers
+        if not 1 <= num_layers < depth:
+            raise SpecbenchError(f"method.train.module.num_layers={num_layers} is invalid: the draft copies the "
+                                 f"target's first layers, so use 1..{depth - 1} (the target has {depth})")
         self.freeze_backbone()
         self.draft = shallow_draft(LoadedModel("target", backbone, tokenizer=None, source="the teacher"),
                                    num_layers).model
