@@ -3,6 +3,8 @@ for method=draft_model, and decoding with it stays lossless (fp32 greedy)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -75,7 +77,16 @@ def test_a_distilled_draft_is_checked_and_not_combined_with_another(tiny, distil
         DraftModelDrafter(tiny, ChainPolicy(), draft_model=tiny, checkpoint=distilled["artifact"])
     with pytest.raises(SpecbenchError, match="does not exist"):
         DraftModelDrafter(tiny, ChainPolicy(), checkpoint=str(tmp_path / "none.safetensors"))
+    from safetensors.torch import load_file, save_file
+
     from specbench.models import tiny_random
+
+    weights = load_file(distilled["artifact"])
+    broken = tmp_path / "broken.safetensors"
+    save_file({k: v for k, v in weights.items() if not k.startswith("norm.")}, str(broken))
+    broken.with_suffix(".json").write_text(Path(distilled["artifact"]).with_suffix(".json").read_text())
+    with pytest.raises(SpecbenchError, match="does not hold the distilled draft"):
+        DraftModelDrafter(tiny, ChainPolicy(), checkpoint=str(broken))
 
     with pytest.raises(SpecbenchError, match="layer count"):
         DraftModelDrafter(tiny_random(num_layers=3), ChainPolicy(), checkpoint=distilled["artifact"])

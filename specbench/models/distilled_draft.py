@@ -12,6 +12,7 @@ import copy
 
 import torch
 
+from specbench.errors import SpecbenchError
 from specbench.models.early_exit import early_exit
 from specbench.models.loading import LoadedModel
 from specbench.training.artifact import load_artifact
@@ -38,12 +39,14 @@ def trained_tensors(draft: torch.nn.Module) -> dict[str, torch.Tensor]:
 def load_distilled_draft(target: LoadedModel, checkpoint: str) -> LoadedModel:
     """The draft stored in a draft_model artifact, checked against the target first (see load_artifact)."""
     meta, tensors = load_artifact(checkpoint, "draft_model", target)
-    draft = shallow_draft(target, int(meta["arch"]["num_layers"]))
-    base = draft.model.model
-    dtype = target.model.dtype
-    base.layers.load_state_dict({k.removeprefix("layers."): v.to(dtype) for k, v in tensors.items()
-                                 if k.startswith("layers.")})
-    base.norm.load_state_dict({k.removeprefix("norm."): v.to(dtype) for k, v in tensors.items()
-                               if k.startswith("norm.")})
+    try:
+        draft = shallow_draft(target, int(meta["arch"]["num_layers"]))
+        base, dtype = draft.model.model, target.model.dtype
+        for name, module in (("layers", base.layers), ("norm", base.norm)):
+            module.load_state_dict({k.removeprefix(f"{name}."): v.to(dtype) for k, v in tensors.items()
+                                    if k.startswith(f"{name}.")})
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+        raise SpecbenchError(f"checkpoint '{checkpoint}' does not hold the distilled draft its JSON describes "
+                             f"({str(exc).splitlines()[0]})") from exc
     draft.source = f"{checkpoint} ({draft.source})"
     return draft
