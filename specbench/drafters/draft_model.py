@@ -65,7 +65,6 @@ class DraftModelDrafter(Drafter):
         else:
             self.draft = early_exit(target, early_exit_layers) if draft_model is None else draft_model
         check_same_vocabulary(target, self.draft)
-        self.shares_target_weights = checkpoint is None and draft_model is None
         self._target_param_ids = {id(p) for p in target.model.parameters()}
         self.tree, self.sampling, self.seed = tree, SamplingParams(temperature, top_p, top_k), seed
         self.generator: torch.Generator | None = None  # policies sample children when this is set
@@ -129,7 +128,5 @@ class DraftModelDrafter(Drafter):
 
     def parameters_bytes(self) -> tuple[int, int]:
         """The draft's own weights: those it shares with the target (early exit, distilled embeddings) are free."""
-        if self.shares_target_weights:
-            return 0, 0
         params = [p for p in self.draft.model.parameters() if id(p) not in self._target_param_ids]
         return sum(p.numel() for p in params), sum(p.numel() * p.element_size() for p in params)
