@@ -13,7 +13,7 @@ import torch
 from transformers import DynamicCache
 
 from specbench.acceptance.base import AcceptanceRule
-from specbench.acceptance.sampling import SamplingParams
+from specbench.sampling import SamplingParams
 from specbench.drafters.base import DecodeState, Drafter, StepOutcome
 from specbench.errors import SpecbenchError
 from specbench.trees.token_tree import TokenTree

@@ -7,7 +7,7 @@ from hydra.utils import instantiate
 
 from specbench.acceptance.base import AcceptanceRule
 from specbench.errors import SpecbenchError
-from specbench.evaluation.evaluator import build_drafter
+from specbench.evaluation.methods import build_drafter
 from specbench.hardware import HardwareSpec
 from specbench.trees.policy import TreePolicy
 

@@ -1,7 +1,9 @@
 import pytest
 import torch
 
-from specbench.acceptance import ExactAcceptance, SamplingParams
+from specbench.trees.native import NativePolicy
+from specbench.acceptance import ExactAcceptance
+from specbench.sampling import SamplingParams
 from specbench.decoding import Decoder
 from specbench.drafters.autoregressive import AutoregressiveDrafter
 from specbench.drafters.pld import PromptLookupDrafter
@@ -19,12 +21,12 @@ def prompts(tiny):
     return [tiny.tokenizer(t)["input_ids"] for t in texts]
 
 
-@pytest.mark.parametrize("pld", [dict(), dict(max_ngram=1, num_pred_tokens=3), dict(max_ngram=5, num_pred_tokens=20)])
-def test_pld_greedy_equals_autoregressive(tiny, pld):
+@pytest.mark.parametrize("pld, budget", [(dict(), 11), (dict(max_ngram=1), 4), (dict(max_ngram=5), 21)])
+def test_pld_greedy_equals_autoregressive(tiny, pld, budget):
     speculated = 0
     for prompt in prompts(tiny):
         ar = decode(tiny, AutoregressiveDrafter(), prompt)
-        out = decode(tiny, PromptLookupDrafter(**pld), prompt)
+        out = decode(tiny, PromptLookupDrafter(tiny, NativePolicy(budget), **pld), prompt)
         assert out.tokens == ar.tokens
         assert all(s.tree_size == 1 for s in ar.steps) and len(ar.steps) == len(ar.tokens) - 1
         speculated += sum(s.accepted for s in out.steps)
@@ -33,7 +35,7 @@ def test_pld_greedy_equals_autoregressive(tiny, pld):
 
 def test_sampling_runs_stay_within_the_budget(tiny):
     for prompt in prompts(tiny):
-        out = decode(tiny, PromptLookupDrafter(), prompt, sampling=SamplingParams(temperature=0.8), seed=3)
+        out = decode(tiny, PromptLookupDrafter(None, NativePolicy(11)), prompt, sampling=SamplingParams(temperature=0.8), seed=3)
         assert 1 <= len(out.tokens) <= 48
 
 
@@ -43,7 +45,7 @@ def test_decoding_stops_at_eos_and_max_new_tokens(tiny):
     assert len(ar.tokens) == 30
     stop = ar.tokens[10]
     first = ar.tokens.index(stop)
-    for drafter in (AutoregressiveDrafter(), PromptLookupDrafter()):
+    for drafter in (AutoregressiveDrafter(), PromptLookupDrafter(None, NativePolicy(11))):
         out = decode(tiny, drafter, prompt, max_new=30, eos=[stop])
         assert out.tokens == ar.tokens[: first + 1]
 
@@ -55,14 +57,14 @@ def test_a_prompt_longer_than_the_context_is_refused(tiny):
 
 def test_decoding_near_the_context_end_stops_cleanly(tiny):
     prompt = [5] * (tiny.max_context - 8)
-    out = decode(tiny, PromptLookupDrafter(), prompt, max_new=64)
+    out = decode(tiny, PromptLookupDrafter(None, NativePolicy(11)), prompt, max_new=64)
     assert len(prompt) + len(out.tokens) <= tiny.max_context
     ar = decode(tiny, AutoregressiveDrafter(), prompt, max_new=64)
     assert out.tokens == ar.tokens
 
 
 def test_step_records_time_every_phase(tiny):
-    out = decode(tiny, PromptLookupDrafter(), prompts(tiny)[0])
+    out = decode(tiny, PromptLookupDrafter(None, NativePolicy(11)), prompts(tiny)[0])
     assert out.prefill_time > 0 and out.wall_time >= out.prefill_time
     for s in out.steps:
         assert 0 <= s.draft_time and 0 < s.verify_time <= s.step_time

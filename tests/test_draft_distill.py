@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from specbench.acceptance import ExactAcceptance, SamplingParams
+from specbench.acceptance import ExactAcceptance
+from specbench.sampling import SamplingParams
 from specbench.decoding import Decoder
 from specbench.drafters.autoregressive import AutoregressiveDrafter
 from specbench.drafters.draft_model import DraftModelDrafter
@@ -53,7 +54,7 @@ def distilled(tmp_path_factory, tiny):
 
 
 def test_the_exported_draft_rebuilds_and_decodes_losslessly(tiny, distilled):
-    drafter = DraftModelDrafter(tiny, DynamicPolicy(top_k=2, depth=3, total_tokens=6),
+    drafter = DraftModelDrafter(tiny, DynamicPolicy(budget=7, top_k=2, depth=3),
                                 early_exit_layers=None, checkpoint=distilled["artifact"])
     params, _ = drafter.parameters_bytes()
     layer = tiny.model.model.layers[0]
@@ -62,7 +63,7 @@ def test_the_exported_draft_rebuilds_and_decodes_losslessly(tiny, distilled):
     accepted = 0
     for prompt in PROMPTS:
         want = Decoder(tiny.model, AutoregressiveDrafter(), ExactAcceptance(), SamplingParams(), 24).generate(prompt)
-        for tree in (ChainPolicy(depth=3), DynamicPolicy(top_k=2, depth=3, total_tokens=6)):
+        for tree in (ChainPolicy(budget=4), DynamicPolicy(budget=7, top_k=2, depth=3)):
             drafter.tree = tree
             got = Decoder(tiny.model, drafter, ExactAcceptance(), SamplingParams(), 24).generate(prompt)
             assert got.tokens == want.tokens

@@ -10,14 +10,15 @@ import torch
 from hydra.utils import instantiate
 from transformers import DynamicCache
 
-from specbench.acceptance import ExactAcceptance, SamplingParams
+from specbench.acceptance import ExactAcceptance
+from specbench.sampling import SamplingParams
 from specbench.acceptance.rejection import RejectionSampling
 from specbench.decoding import Decoder
 from specbench.drafters.autoregressive import AutoregressiveDrafter
 from specbench.drafters.base import DecodeState
 from specbench.drafters.draft_model import DraftModelDrafter
 from specbench.errors import SpecbenchError
-from specbench.evaluation.evaluator import build_drafter
+from specbench.evaluation.methods import build_drafter
 from specbench.models.early_exit import early_exit
 from specbench.models.loading import LoadedModel
 from specbench.models.tiny import tiny_random
@@ -57,7 +58,7 @@ def target():
 
 
 PROMPTS = [[3, 17, 42, 8, 8, 30, 1], [60, 2, 2, 9, 33, 47, 12, 5, 19]]
-TREES = {"chain": ChainPolicy(depth=4), "dynamic": DynamicPolicy(top_k=3, depth=4, total_tokens=10),
+TREES = {"chain": ChainPolicy(budget=5), "dynamic": DynamicPolicy(budget=11, top_k=3, depth=4),
          "static": StaticPolicy(choices=[[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 0, 0]])}
 
 
@@ -97,7 +98,7 @@ def test_draft_cache_holds_exactly_the_committed_prefix_after_many_rollbacks(tar
 
 def test_sampling_draws_children_from_q_and_records_it(target):
     draft = noisy_copy(target)
-    drafter = DraftModelDrafter(target, ChainPolicy(depth=3), draft_model=draft, temperature=0.8, top_k=20)
+    drafter = DraftModelDrafter(target, ChainPolicy(budget=4), draft_model=draft, temperature=0.8, top_k=20)
     first_children = set()
     for seed in range(12):
         drafter.seed = seed
@@ -116,7 +117,7 @@ def test_sampling_draws_children_from_q_and_records_it(target):
 
 
 def test_greedy_drafting_records_no_distribution(target):
-    drafter = DraftModelDrafter(target, ChainPolicy(depth=3), early_exit_layers=1)
+    drafter = DraftModelDrafter(target, ChainPolicy(budget=4), early_exit_layers=1)
     state = DecodeState(tokens=list(PROMPTS[0]), prompt_len=len(PROMPTS[0]))
     drafter.reset(state)
     assert drafter.propose(state).draft_probs is None

@@ -4,7 +4,8 @@ import math
 
 import torch
 
-from specbench.acceptance import ExactAcceptance, SamplingParams
+from specbench.acceptance import ExactAcceptance
+from specbench.sampling import SamplingParams
 from specbench.trees import TokenTree
 
 

@@ -5,13 +5,14 @@ import pytest
 import torch
 
 from specbench.acceptance.exact import ExactAcceptance
-from specbench.acceptance.sampling import SamplingParams
+from specbench.sampling import SamplingParams
 from specbench.decoding import Decoder
 from specbench.drafters.autoregressive import AutoregressiveDrafter
 from specbench.drafters.medusa import MedusaDrafter, MedusaHeads
 from specbench.errors import SpecbenchError
 from specbench.tasks.train import train
-from specbench.training.artifact import save_artifact
+from specbench.models.artifact import save_artifact
+from specbench.trees.greedy import GreedyPolicy
 from specbench.trees.static import StaticPolicy
 
 from .conftest import compose_cfg
@@ -38,20 +39,19 @@ def decode(tiny, drafter, prompt, n=40):
     return Decoder(tiny.model, drafter, ExactAcceptance(), SamplingParams(), n).generate(prompt)
 
 
-@pytest.mark.parametrize("tree_nodes", [4, 12])
-def test_medusa_greedy_output_equals_autoregressive(tiny, heads_artifact, tree_nodes):
-    drafter = MedusaDrafter(tiny, None, str(heads_artifact), tree_nodes=tree_nodes)
+@pytest.mark.parametrize("budget", [4, 12])
+def test_medusa_greedy_output_equals_autoregressive(tiny, heads_artifact, budget):
+    drafter = MedusaDrafter(tiny, GreedyPolicy(budget, accept_prob=None), str(heads_artifact))
     for prompt in PROMPTS:
         ar = decode(tiny, AutoregressiveDrafter(), prompt)
         gen = decode(tiny, drafter, prompt)
         assert gen.tokens == ar.tokens
-        assert max(s.tree_size for s in gen.steps) == tree_nodes
+        assert max(s.tree_size for s in gen.steps) == budget
 
 
 def test_medusa_heads_predict_from_the_last_accepted_node(tiny, heads_artifact):
     """Exact drafts: heads whose guesses are the AR continuation get every draft accepted (tau = heads + 1)."""
-    drafter = MedusaDrafter(tiny, StaticPolicy(choices=[[0], [0, 0], [0, 0, 0]]), str(heads_artifact),
-                            tree_nodes=None)
+    drafter = MedusaDrafter(tiny, StaticPolicy(choices=[[0], [0, 0], [0, 0, 0]]), str(heads_artifact))
     prompt = PROMPTS[0]
     ar = decode(tiny, AutoregressiveDrafter(), prompt, n=30).tokens
     positions = {}
@@ -76,8 +76,7 @@ def test_medusa_heads_predict_from_the_last_accepted_node(tiny, heads_artifact):
 
 
 def test_a_tree_deeper_than_the_heads_is_refused(tiny, heads_artifact):
-    drafter = MedusaDrafter(tiny, StaticPolicy(choices=[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]), str(heads_artifact),
-                            tree_nodes=None)
+    drafter = MedusaDrafter(tiny, StaticPolicy(choices=[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]), str(heads_artifact))
     with pytest.raises(SpecbenchError, match="3 heads"):
         decode(tiny, drafter, PROMPTS[0])
 
@@ -96,5 +95,5 @@ def test_medusa2_trains_lora_adapters_and_heads_at_4x_lr(tmp_path, tiny):
     heads_group, lora_group = module.param_groups()
     assert heads_group["lr"] == 4e-4 and lora_group["lr"] == 1e-4
     assert all("lora" in n for n, p in module.backbone.named_parameters() if p.requires_grad)
-    drafter = MedusaDrafter(tiny, None, summary["artifact"], tree_nodes=8)
+    drafter = MedusaDrafter(tiny, GreedyPolicy(8, accept_prob=None), summary["artifact"])
     assert decode(tiny, drafter, PROMPTS[1]).tokens == decode(tiny, AutoregressiveDrafter(), PROMPTS[1]).tokens

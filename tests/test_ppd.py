@@ -6,12 +6,13 @@ import torch
 from transformers import DynamicCache
 
 from specbench.acceptance.exact import ExactAcceptance
-from specbench.acceptance.sampling import SamplingParams
+from specbench.sampling import SamplingParams
 from specbench.decoding import Decoder
 from specbench.drafters.autoregressive import AutoregressiveDrafter
+from specbench.trees.native import NativePolicy
 from specbench.drafters.ppd import PPDDrafter, PromptTokens
 from specbench.drafters.ppd_tree import dynamic_sparse_tree
-from specbench.training.artifact import save_artifact
+from specbench.models.artifact import save_artifact
 from specbench.training.ppd import PPDModule
 from specbench.trees.token_tree import TokenTree
 from specbench.verification import verify_tree
@@ -30,9 +31,9 @@ def prompt_artifact(request, tmp_path_factory, tiny):
                          metrics={"rank_accuracy": ACC})
 
 
-@pytest.mark.parametrize("tree_nodes", [12, 24])
-def test_ppd_greedy_output_equals_autoregressive(tiny, prompt_artifact, tree_nodes):
-    drafter = PPDDrafter(tiny, str(prompt_artifact), tree_nodes=tree_nodes)
+@pytest.mark.parametrize("budget", [12, 24])
+def test_ppd_greedy_output_equals_autoregressive(tiny, prompt_artifact, budget):
+    drafter = PPDDrafter(tiny, NativePolicy(budget), str(prompt_artifact))
     for prompt in PROMPTS:
         ar = Decoder(tiny.model, AutoregressiveDrafter(), ExactAcceptance(), SamplingParams(), 40).generate(prompt)
         gen = Decoder(tiny.model, drafter, ExactAcceptance(), SamplingParams(), 40).generate(prompt)

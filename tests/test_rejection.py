@@ -21,7 +21,7 @@ import torch
 
 from specbench.acceptance.exact import ExactAcceptance
 from specbench.acceptance.rejection import RejectionSampling
-from specbench.acceptance.sampling import SamplingParams
+from specbench.sampling import SamplingParams
 from specbench.errors import SpecbenchError
 from specbench.models import tiny_random
 from specbench.trees.chain import ChainPolicy
@@ -127,11 +127,11 @@ class RejectionWithoutResidual(RejectionSampling):
 
 STATIC = [[0], [1], [0, 0], [0, 1], [1, 0]]
 CASES = {
-    "chain, sampled draft (Leviathan)": (ChainPolicy(depth=2), True),
+    "chain, sampled draft (Leviathan)": (ChainPolicy(budget=3), True),
     "tree, sampled siblings (SpecInfer)": (StaticPolicy(choices=STATIC), True),
-    "chain, deterministic draft (PLD-like)": (ChainPolicy(depth=2), False),
+    "chain, deterministic draft (PLD-like)": (ChainPolicy(budget=3), False),
     "tree, deterministic top-k": (StaticPolicy(choices=STATIC), False),
-    "dynamic tree (EAGLE-2)": (DynamicPolicy(top_k=2, depth=2, total_tokens=4), True),
+    "dynamic tree (EAGLE-2)": (DynamicPolicy(budget=5, top_k=2, depth=2), True),
 }
 
 

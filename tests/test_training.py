@@ -8,7 +8,7 @@ import pytest
 from specbench.data.sharegpt import read_sharegpt
 from specbench.errors import SpecbenchError
 from specbench.tasks.train import train
-from specbench.training.artifact import load_artifact, save_artifact
+from specbench.models.artifact import load_artifact, save_artifact
 from specbench.training.sharegpt import format_conversation
 
 from .conftest import compose_cfg

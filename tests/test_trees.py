@@ -127,33 +127,33 @@ def test_greedy_is_optimal_among_all_small_trees():
 def test_greedy_policy_reads_a_calibration_file_and_reports_tau(tmp_path):
     path = tmp_path / "calibration.json"
     path.write_text(json.dumps({"accept_prob": [[0.7, 0.1], [0.5, 0.2]]}))
-    policy = GreedyPolicy(n=4, accept_prob=str(path))
+    policy = GreedyPolicy(budget=4, accept_prob=str(path))
     assert policy.expected_tau == pytest.approx(1 + 0.7 + 0.35 + 0.14)
     assert len(policy.build(1, FixedDraft())) == 4
 
 
-@pytest.mark.parametrize("n, message", [(0, "tree.n=0 is invalid"), (10_000, "must lie in 1..")])
+@pytest.mark.parametrize("n, message", [(0, "tree.budget=0 is invalid"), (10_000, "must lie in 1..")])
 def test_greedy_budget_must_be_possible(n, message):
     with pytest.raises(SpecbenchError, match=message):
-        GreedyPolicy(n=n)
+        GreedyPolicy(budget=n)
 
 
 def test_greedy_refuses_a_malformed_table():
     with pytest.raises(SpecbenchError, match="accept_prob"):
-        GreedyPolicy(n=4, accept_prob=[[1.5]])
+        GreedyPolicy(budget=4, accept_prob=[[1.5]])
     with pytest.raises(SpecbenchError, match="neither a calibration JSON"):
-        GreedyPolicy(n=4, accept_prob="missing_calibration")
+        GreedyPolicy(budget=4, accept_prob="missing_calibration")
 
 
 def test_dynamic_tree_keeps_the_best_nodes_by_cumulative_log_probability():
     draft = FixedDraft()
-    policy = DynamicPolicy(top_k=3, depth=3, total_tokens=8)
+    policy = DynamicPolicy(budget=9, top_k=3, depth=3)
     tree = policy.build(5, draft)
     assert len(tree) == 9 and int(tree.depths.max()) <= 3
     assert [len(c) for c in draft.calls] == [1, 3, 3]  # top_k frontier nodes expanded per level
     assert tree.draft_probs is None
     # the kept nodes are the 8 best of all 3 + 9 + 9 candidates by cumulative log-probability
-    full = DynamicPolicy(top_k=3, depth=3, total_tokens=100).build(5, FixedDraft())
+    full = DynamicPolicy(budget=101, top_k=3, depth=3).build(5, FixedDraft())
     score = {}
     for n in range(1, len(full)):
         path = full.tokens[full.path_to(n)[1:]].tolist()
@@ -164,7 +164,7 @@ def test_dynamic_tree_keeps_the_best_nodes_by_cumulative_log_probability():
     assert kept == set(best)
 
 
-@pytest.mark.parametrize("knob", ["top_k", "depth", "total_tokens"])
+@pytest.mark.parametrize("knob", ["top_k", "depth"])
 def test_dynamic_knobs_must_be_positive(knob):
     with pytest.raises(SpecbenchError, match=f"tree.{knob}=0 is invalid"):
         DynamicPolicy(**{knob: 0})
@@ -173,11 +173,11 @@ def test_dynamic_knobs_must_be_positive(knob):
 def test_chain_samples_when_the_drafter_samples_and_records_q():
     firsts = set()
     for seed in range(10):
-        tree = ChainPolicy(depth=3).build(2, FixedDraft(torch.Generator().manual_seed(seed)))
+        tree = ChainPolicy(budget=4).build(2, FixedDraft(torch.Generator().manual_seed(seed)))
         assert tree.draft_probs is not None and len(tree) == 4
         firsts.add(int(tree.tokens[1]))
     assert len(firsts) > 1
-    greedy = ChainPolicy(depth=3).build(2, FixedDraft())
+    greedy = ChainPolicy(budget=4).build(2, FixedDraft())
     assert greedy.draft_probs is None and int(greedy.tokens[1]) == ranked(FixedDraft(), _grown([2]), 0)[0]
 
 
@@ -189,19 +189,19 @@ def test_presets_are_valid_medusa_choices():
 
 def test_calibration_of_a_perfect_draft_accepts_rank_0_always(tiny, tmp_path):
     from specbench.drafters.draft_model import DraftModelDrafter
-    from specbench.trees.calibration import calibrate, probe_tree
+    from specbench.evaluation.calibration import calibrate, probe_tree
 
     drafter = DraftModelDrafter(tiny, probe_tree(depth=3, ranks=4), early_exit_layers=2)  # all layers: the target
     calibration = calibrate(tiny.model, drafter, [[5, 9, 14, 99], [140, 77, 3]], depth=3, ranks=4, max_new_tokens=12)
     assert all(t > 0 for row in calibration.trials for t in row)
     assert calibration.accept_prob == [[1.0, 0.0, 0.0, 0.0]] * 3
     saved = json.loads(calibration.save(tmp_path / "c.json", drafter="draft_model").read_text())
-    assert GreedyPolicy(n=4, accept_prob=str(tmp_path / "c.json")).expected_tau == pytest.approx(4.0)
+    assert GreedyPolicy(budget=4, accept_prob=str(tmp_path / "c.json")).expected_tau == pytest.approx(4.0)
     assert saved["trials"] == calibration.trials
 
 
 def test_calibration_counts_each_rank_of_the_accepted_parent():
-    from specbench.trees.calibration import Calibration
+    from specbench.evaluation.calibration import Calibration
     from specbench.trees.token_tree import TokenTree
 
     tree = TokenTree(torch.tensor([0, 4, 5, 6, 7]), torch.tensor([-1, 0, 0, 2, 2]))  # root -> (4, 5); 5 -> (6, 7)
@@ -223,4 +223,4 @@ def test_task_calibrate_writes_the_json_tree_greedy_reads(tmp_path):
                        "eval.dtype=float32", "eval.num_prompts=2", "eval.max_new_tokens=8",
                        "+calibration.depth=2", "+calibration.ranks=3", f"+calibration.out={out}"], tmp_path)
     dispatch(cfg)
-    assert GreedyPolicy(n=4, accept_prob=str(out)).expected_tau >= 1.0
+    assert GreedyPolicy(budget=4, accept_prob=str(out)).expected_tau >= 1.0

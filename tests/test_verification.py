@@ -5,7 +5,8 @@ import random
 import torch
 from transformers import DynamicCache
 
-from specbench.acceptance import ExactAcceptance, SamplingParams
+from specbench.acceptance import ExactAcceptance
+from specbench.sampling import SamplingParams
 from specbench.trees import TokenTree
 from specbench.verification import commit_path, verify_tree
 

@@ -28,7 +28,7 @@ from common import (
 
 from specbench.acceptance import ExactAcceptance, SamplingParams
 from specbench.drafters.draft_model import DraftModelDrafter
-from specbench.trees.calibration import calibrate, probe_tree
+from specbench.evaluation.calibration import calibrate, probe_tree
 from specbench.trees.greedy import (
     GreedyPolicy,
     expected_tau,

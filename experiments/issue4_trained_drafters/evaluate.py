@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 
 from specbench.acceptance.exact import ExactAcceptance
-from specbench.acceptance.sampling import SamplingParams
+from specbench.sampling import SamplingParams
 from specbench.data.prompts import load_dataset
 from specbench.drafters.draft_model import DraftModelDrafter
 from specbench.drafters.medusa import MedusaDrafter

@@ -2,6 +2,5 @@
 
 from specbench.acceptance.base import Acceptance, AcceptanceRule
 from specbench.acceptance.exact import ExactAcceptance
-from specbench.acceptance.sampling import SamplingParams
 
-__all__ = ["Acceptance", "AcceptanceRule", "ExactAcceptance", "SamplingParams"]
+__all__ = ["Acceptance", "AcceptanceRule", "ExactAcceptance"]

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from specbench.acceptance.sampling import SamplingParams
+from specbench.sampling import SamplingParams
 from specbench.trees.token_tree import TokenTree
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from specbench.acceptance.base import Acceptance, AcceptanceRule
-from specbench.acceptance.sampling import SamplingParams
+from specbench.sampling import SamplingParams
 from specbench.errors import SpecbenchError
 from specbench.trees.token_tree import TokenTree
 

@@ -7,5 +7,8 @@ from specbench.trees.token_tree import TokenTree
 class AutoregressiveDrafter(Drafter):
     name = "autoregressive"
 
+    def __init__(self, target=None, tree=None) -> None:
+        """Proposes nothing, whatever the budget."""
+
     def propose(self, state: DecodeState) -> TokenTree:
         return TokenTree.chain(state.root, [])

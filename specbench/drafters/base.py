@@ -31,7 +31,12 @@ class StepOutcome:
 
 
 class Drafter(ABC):
+    """Every drafter is built as cls(target=LoadedModel, tree=TreePolicy, **its config): one constructor contract,
+    so the evaluator needs no signature inspection. tree_policies names the tree configs it accepts; a method that
+    shapes its own tree accepts only "native" and reads tree.budget."""
+
     name: str = "drafter"
+    tree_policies: tuple[str, ...] = ("native",)
     needs_hidden_states: bool = False  # ask verification for last hidden states (Medusa/PPD draft from them)
 
     def reset(self, state: DecodeState) -> None:

@@ -17,7 +17,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 from transformers import DynamicCache
 
-from specbench.acceptance.sampling import SamplingParams
+from specbench.sampling import SamplingParams
 from specbench.drafters.base import DecodeState, Drafter, StepOutcome
 from specbench.errors import SpecbenchError
 from specbench.models.distilled_draft import load_distilled_draft
@@ -44,6 +44,7 @@ def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:
 
 class DraftModelDrafter(Drafter):
     name = "draft_model"
+    tree_policies = ("chain", "dynamic", "static", "greedy")
 
     def __init__(self, target: LoadedModel, tree: TreePolicy, draft_model: LoadedModel | DictConfig | None = None,
                  early_exit_layers: int | None = None, checkpoint: str | None = None, temperature: float = 0.0,

@@ -13,7 +13,7 @@ from torch import nn
 
 from specbench.drafters.base import DecodeState, Drafter
 from specbench.errors import SpecbenchError
-from specbench.training.artifact import load_artifact
+from specbench.models.artifact import load_artifact
 from specbench.trees.greedy import GreedyPolicy
 from specbench.trees.policy import GrowingTree, TreePolicy
 from specbench.trees.token_tree import TokenTree
@@ -54,14 +54,16 @@ class MedusaHeads(nn.Module):
 
 
 class MedusaDrafter(Drafter):
-    """Candidates from the heads' top-k: the greedy tree of tree_nodes nodes built from the artifact's held-out
-    per-head rank accuracies (Medusa App. C), or, with tree_nodes=null, the run's tree policy."""
+    """Candidates from the heads' top-k, shaped by the run's tree policy. tree=greedy without tree.accept_prob (the
+    method's default) builds the tree.budget-node tree from the artifact's held-out per-head rank accuracies
+    (Medusa App. C)."""
 
     name = "medusa"
+    tree_policies = ("greedy", "static", "chain", "dynamic")
     needs_hidden_states = True
 
-    def __init__(self, target, tree: TreePolicy | None = None, checkpoint: str | None = None,
-                 tree_nodes: int | None = 32, num_heads: int | None = None) -> None:
+    def __init__(self, target, tree: TreePolicy, checkpoint: str | None = None,
+                 num_heads: int | None = None) -> None:
         meta, tensors = load_artifact(checkpoint, "medusa", target)
         arch = meta["arch"]
         heads = MedusaHeads(arch["hidden_size"], arch["vocab_size"], arch["num_heads"], arch["num_layers"],
@@ -75,13 +77,8 @@ class MedusaDrafter(Drafter):
         self.heads = heads.to(device=model.device, dtype=model.dtype).eval()
         self.lm_head = model.get_output_embeddings()
         self.num_heads = min(num_heads or arch["num_heads"], arch["num_heads"])
-        if tree_nodes is not None:
-            if tree_nodes < 1:
-                raise SpecbenchError(f"method.drafter.tree_nodes={tree_nodes} is invalid: use >= 1 (root included) "
-                                     f"or null to use the tree policy")
-            tree = GreedyPolicy(tree_nodes, meta["metrics"]["rank_accuracy"][: self.num_heads])
-        if tree is None:
-            raise SpecbenchError("Medusa needs a tree: set method.drafter.tree_nodes=N or pass a tree policy")
+        if isinstance(tree, GreedyPolicy):
+            tree = tree.with_accept_prob(meta["metrics"]["rank_accuracy"][: self.num_heads])
         self.tree = tree
         self._probs: torch.Tensor | None = None
 

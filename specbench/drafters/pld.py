@@ -10,6 +10,7 @@ import torch
 
 from specbench.drafters.base import DecodeState, Drafter
 from specbench.errors import SpecbenchError
+from specbench.trees.policy import TreePolicy
 from specbench.trees.token_tree import TokenTree
 
 
@@ -30,12 +31,11 @@ def find_ngram_continuation(tokens: torch.Tensor, max_ngram: int, min_ngram: int
 class PromptLookupDrafter(Drafter):
     name = "pld"
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, num_pred_tokens: int = 10) -> None:
+    def __init__(self, target, tree: TreePolicy, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        """Copies up to tree.budget - 1 tokens (transformers' num_output_tokens)."""
         if not 1 <= min_ngram <= max_ngram:
             raise SpecbenchError(f"pld needs 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}")
-        if num_pred_tokens < 1:
-            raise SpecbenchError(f"pld num_pred_tokens={num_pred_tokens} is invalid: it must be >= 1")
-        self.max_ngram, self.min_ngram, self.num_pred_tokens = max_ngram, min_ngram, num_pred_tokens
+        self.max_ngram, self.min_ngram, self.num_pred_tokens = max_ngram, min_ngram, tree.budget - 1
 
     def propose(self, state: DecodeState) -> TokenTree:
         tokens = torch.tensor(state.tokens, dtype=torch.long)

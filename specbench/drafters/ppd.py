@@ -15,7 +15,7 @@ from torch import nn
 from specbench.drafters.base import DecodeState, Drafter, StepOutcome
 from specbench.drafters.ppd_tree import PPDState, dynamic_sparse_tree
 from specbench.errors import SpecbenchError
-from specbench.training.artifact import load_artifact
+from specbench.models.artifact import load_artifact
 from specbench.trees.policy import GrowingTree
 from specbench.trees.token_tree import TokenTree
 
@@ -61,7 +61,8 @@ def chain_layout(carried: list[int], num_ensemble: int, offset: int) -> list[tup
 class PPDDrafter(Drafter):
     name = "ppd"
 
-    def __init__(self, target, checkpoint: str | None = None, tree_nodes: int = 32, topk: int = 10) -> None:
+    def __init__(self, target, tree: TreePolicy, checkpoint: str | None = None, topk: int = 10) -> None:
+        """tree.budget counts every row of the forward: root, candidates and prompt tokens."""
         meta, tensors = load_artifact(checkpoint, "ppd", target)
         arch = meta["arch"]
         self.prompts = PromptTokens(arch["num_prompt_tokens"], arch["num_ensemble"], arch["hidden_size"])
@@ -73,7 +74,7 @@ class PPDDrafter(Drafter):
         self.embeds = self.prompts.weight.detach().to(target.model.device, target.model.dtype)
         self.m, self.n_e = self.prompts.num_prompt_tokens, self.prompts.num_ensemble
         acc = [row[:topk] for row in meta["metrics"]["rank_accuracy"]]
-        self.states: dict[int, PPDState] = dynamic_sparse_tree(acc, self.m, tree_nodes, self.n_e)
+        self.states: dict[int, PPDState] = dynamic_sparse_tree(acc, self.m, tree.budget, self.n_e)
         self.policies = {k: s.policy for k, s in self.states.items()}
         self._k = self.m  # state T_k: prompt tokens the last accepted node carried
         self._probs: torch.Tensor | None = None  # (m, V) guesses for depths 1..m below the next root

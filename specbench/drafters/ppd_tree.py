@@ -84,7 +84,7 @@ def _state(acc, m: int, n_e: int, k: int, budget: int, f: dict[int, float]) -> P
 def dynamic_sparse_tree(acc: list[list[float]], m: int, budget: int, n_e: int = 1) -> dict[int, PPDState]:
     """States T_1..T_m for a forward of at most `budget` rows."""
     if budget < 1 + m * n_e:
-        raise SpecbenchError(f"method.drafter.tree_nodes={budget} is too small for PPD: the root and its "
+        raise SpecbenchError(f"tree.budget={budget} is too small for PPD: the root and its "
                              f"{m * n_e} prompt tokens already need {1 + m * n_e} rows")
     acc = acc[:m]
     f = {0: 0.0} | {i: 0.0 for i in range(1, m + 1)}

@@ -3,7 +3,6 @@ dtype, appends one record per prompt and method, and turns the records into the 
 
 from __future__ import annotations
 
-import inspect
 import resource
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,8 +13,7 @@ from tqdm import tqdm
 
 from specbench.acceptance.base import AcceptanceRule
 from specbench.acceptance.exact import ExactAcceptance
-from specbench.acceptance.sampling import SamplingParams
-from specbench.config import build
+from specbench.sampling import SamplingParams
 from specbench.data.prompts import PromptDataset, encode_prompt
 from specbench.decoding import Decoder, Generation
 from specbench.drafters.autoregressive import AutoregressiveDrafter
@@ -108,16 +106,3 @@ def peak_memory_mb(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
-
-
-def build_drafter(drafter_cfg, target: LoadedModel, tree) -> Drafter:
-    """Instantiate the method's drafter, handing it the target and tree policy if its constructor asks for them."""
-    from hydra.utils import get_class
-
-    cls = get_class(drafter_cfg._target_)
-    wanted = inspect.signature(cls.__init__).parameters
-    extra = {k: v for k, v in (("target", target), ("tree", tree)) if k in wanted}
-    if "tree" not in wanted and getattr(tree, "name", "chain") != "chain":
-        raise SpecbenchError(f"method drafter {cls.__name__} builds its own drafts; tree={tree.name} does not apply "
-                             f"to it: use tree=chain")
-    return build(drafter_cfg, **extra)

@@ -15,7 +15,7 @@ import torch
 from specbench.errors import SpecbenchError
 from specbench.models.early_exit import early_exit
 from specbench.models.loading import LoadedModel
-from specbench.training.artifact import load_artifact
+from specbench.models.artifact import load_artifact
 
 
 def shallow_draft(target: LoadedModel, num_layers: int) -> LoadedModel:

@@ -7,9 +7,10 @@ from functools import partial
 
 import pandas as pd
 
-from specbench.acceptance.sampling import SamplingParams
+from specbench.sampling import SamplingParams
 from specbench.config import build
-from specbench.evaluation.evaluator import EvalSettings, Evaluator, build_drafter
+from specbench.evaluation.evaluator import EvalSettings, Evaluator
+from specbench.evaluation.methods import build_drafter
 from specbench.evaluation.metrics import summarize
 from specbench.hardware.profiler import latency_profile
 from specbench.hardware.roofline import ModelShape, roofline_step_time

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import lightning as L
+from hydra.utils import get_class
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
@@ -18,7 +19,7 @@ from specbench.config import build
 from specbench.errors import SpecbenchError
 from specbench.models.loading import cache_root
 from specbench.tasks._common import run_dir
-from specbench.training.artifact import save_artifact
+from specbench.models.artifact import save_artifact
 from specbench.training.datamodule import ShareGPTDataModule
 
 
@@ -40,7 +41,8 @@ def train(cfg: DictConfig, run_dir: Path, callbacks: list | None = None) -> dict
         raise SpecbenchError(f"method={method} has nothing to train; trainable methods: medusa, ppd, draft_model")
     run_dir.mkdir(parents=True, exist_ok=True)
     target = build(cfg.model, dtype=tcfg.dtype)
-    module = build(tcfg.module, backbone=target.model, **_extra_kwargs(tcfg.module, target))
+    extra = {"tokenizer": target.tokenizer} if get_class(tcfg.module._target_).needs_tokenizer else {}
+    module = build(tcfg.module, backbone=target.model, **extra)
     generator = None
     if tcfg.data.self_distill is not None:
         sd_dtype = tcfg.data.self_distill.dtype
@@ -73,13 +75,3 @@ def train(cfg: DictConfig, run_dir: Path, callbacks: list | None = None) -> dict
     (run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2))
     return summary
-
-
-def _extra_kwargs(module_cfg: DictConfig, target) -> dict:
-    """Pass the tokenizer to modules that ask for it (PPD initialises its prompt tokens from text)."""
-    import inspect
-
-    from hydra.utils import get_class
-
-    params = inspect.signature(get_class(module_cfg._target_).__init__).parameters
-    return {"tokenizer": target.tokenizer} if "tokenizer" in params else {}

@@ -12,6 +12,8 @@ import torch
 
 
 class DrafterModule(L.LightningModule):
+    needs_tokenizer: bool = False  # task=train hands the target's tokenizer to modules that declare they need it
+
     def __init__(self, backbone: torch.nn.Module, lr: float, warmup_ratio: float, weight_decay: float) -> None:
         super().__init__()
         self.backbone = backbone

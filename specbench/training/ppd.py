@@ -18,6 +18,8 @@ from specbench.training.base import DrafterModule, RankAccuracy
 
 
 class PPDModule(DrafterModule):
+    needs_tokenizer = True  # the prompt tokens start as the embeddings of init_text
+
     def __init__(self, backbone, num_prompt_tokens: int = 3, num_ensemble: int = 1, cuts_per_sequence: int = 8,
                  lr: float = 1e-2, warmup_ratio: float = 0.0, weight_decay: float = 0.0, decay: float = 0.8,
                  init_text: str = " next word", tokenizer=None) -> None:

@@ -1,8 +1,7 @@
-"""A chain: the draft's top-1 continuation (or one sample per step when drafting samples), depth tokens deep."""
+"""A chain: the draft's top-1 continuation (or one sample per step when drafting samples), budget - 1 tokens deep."""
 
 from __future__ import annotations
 
-from specbench.errors import SpecbenchError
 from specbench.trees.policy import DraftExpander, GrowingTree, TreePolicy, draw_children
 from specbench.trees.token_tree import TokenTree
 
@@ -10,10 +9,9 @@ from specbench.trees.token_tree import TokenTree
 class ChainPolicy(TreePolicy):
     name = "chain"
 
-    def __init__(self, depth: int = 5) -> None:
-        if depth < 1:
-            raise SpecbenchError(f"tree.depth={depth} is invalid: a chain needs depth >= 1")
-        self.depth = depth
+    def __init__(self, budget: int = 6) -> None:
+        super().__init__(budget)
+        self.depth = budget - 1
 
     def build(self, root: int, expander: DraftExpander) -> TokenTree:
         generator = getattr(expander, "generator", None)

@@ -1,7 +1,7 @@
 """EAGLE-2's dynamic tree: grow by cumulative draft log-probability, then rerank down to a node budget.
 
 For depth steps, the top_k frontier nodes (by cumulative log-probability) are expanded with their top_k children
-each; at the end the total_tokens best nodes of the whole tree are kept. Because a child never scores higher than
+each; at the end the budget - 1 best nodes of the whole tree are kept. Because a child never scores higher than
 its parent, the kept set is closed under ancestors. The children are always the draft's top-k, also when drafting
 samples: the pruning depends on the tokens drawn, so sampled children would no longer be the plain draws that
 rejection sampling corrects. The tree therefore carries no draft distribution and rejection treats its tokens as
@@ -18,11 +18,12 @@ from specbench.trees.token_tree import TokenTree
 class DynamicPolicy(TreePolicy):
     name = "dynamic"
 
-    def __init__(self, top_k: int = 10, depth: int = 5, total_tokens: int = 60) -> None:
-        for knob, value in (("top_k", top_k), ("depth", depth), ("total_tokens", total_tokens)):
+    def __init__(self, budget: int = 61, top_k: int = 10, depth: int = 5) -> None:
+        super().__init__(budget)
+        for knob, value in (("top_k", top_k), ("depth", depth)):
             if value < 1:
                 raise SpecbenchError(f"tree.{knob}={value} is invalid: it must be >= 1")
-        self.top_k, self.depth, self.total_tokens = top_k, depth, total_tokens
+        self.top_k, self.depth = top_k, depth
 
     def build(self, root: int, expander: DraftExpander) -> TokenTree:
         tree = GrowingTree.rooted(root)
@@ -36,5 +37,5 @@ class DynamicPolicy(TreePolicy):
             frontier = sorted(added, key=lambda n: (-tree.logp[n], n))[: self.top_k]
             if not frontier:
                 break
-        best = sorted(range(1, len(tree.tokens)), key=lambda n: (-tree.logp[n], n))[: self.total_tokens]
+        best = sorted(range(1, len(tree.tokens)), key=lambda n: (-tree.logp[n], n))[: self.budget - 1]
         return tree.freeze(keep=[0] + sorted(best))

@@ -1,7 +1,7 @@
 """The expected-accepted-length tree builder that Medusa (App. C), Ghidorah (ARCA step 1) and SSSD (Alg. 1) share.
 
 Input: accept_prob[d][i], the probability that the i-th ranked candidate at depth d+1 is accepted given its parent
-was (measured by specbench.trees.calibration, or a paper's per-head accuracies). Under independence a node's path
+was (measured by specbench.evaluation.calibration, or a paper's per-head accuracies). Under independence a node's path
 probability is the product along its path, and its contribution to the expected accepted length is exactly that
 product; adding the connected node with the highest product until the budget is reached therefore maximises
 tau(n) = 1 + sum of the path probabilities (the 1 is the bonus token). The result is a static tree.
@@ -17,6 +17,7 @@ from pathlib import Path
 from omegaconf import ListConfig, OmegaConf
 
 from specbench.errors import SpecbenchError
+from specbench.trees.policy import TreePolicy
 from specbench.trees.static import PRESET_DIR, StaticPolicy
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,7 @@ def load_accept_prob(source) -> list[list[float]]:
         path = path if path.exists() else PRESET_DIR / f"{source}.json"
         if not path.exists():
             raise SpecbenchError(f"tree.accept_prob='{source}' is neither a calibration JSON file nor a preset in "
-                                 f"{PRESET_DIR}; run `python -m specbench.trees.calibration` to make one")
+                                 f"{PRESET_DIR}; run `python -m specbench.evaluation.calibration` to make one")
         source = json.loads(path.read_text())["accept_prob"]
     ok = isinstance(source, list) and source and all(
         isinstance(row, list) and row and all(isinstance(a, (int, float)) and 0 <= a <= 1 for a in row)
@@ -61,7 +62,7 @@ def greedy_choices(accept_prob: list[list[float]], n: int) -> tuple[list[list[in
         width *= len(row)
         capacity += width
     if n < 1 or n - 1 > capacity:
-        raise SpecbenchError(f"tree.n={n} is invalid: the budget counts the root, so it must lie in 1..{capacity + 1} "
+        raise SpecbenchError(f"tree.budget={n} is invalid: it counts the root, so it must lie in 1..{capacity + 1} "
                              f"for an accept_prob table of {len(accept_prob)} depths x "
                              f"{[len(r) for r in accept_prob]} ranks")
     frontier = [(-a, (rank,)) for rank, a in enumerate(accept_prob[0])]
@@ -78,11 +79,27 @@ def greedy_choices(accept_prob: list[list[float]], n: int) -> tuple[list[list[in
 
 
 class GreedyPolicy(StaticPolicy):
+    """accept_prob=None: the drafter supplies its own calibration (Medusa's artifact holds its heads' accuracies)
+    through with_accept_prob; a drafter without one reports that tree.accept_prob is needed."""
+
     name = "greedy"
 
-    def __init__(self, n: int = 16, accept_prob="medusa_vicuna_7b_accuracies") -> None:
-        if n == 1:
-            raise SpecbenchError("tree.n=1 leaves only the root: nothing to draft; use n >= 2 or method=autoregressive")
-        choices, self.expected_tau = greedy_choices(load_accept_prob(accept_prob), n)
+    def __init__(self, budget: int = 16, accept_prob="medusa_vicuna_7b_accuracies") -> None:
+        self.accept_prob = None if accept_prob is None else load_accept_prob(accept_prob)
+        if self.accept_prob is None:
+            TreePolicy.__init__(self, budget)
+            self.paths, self.children, self.depth = [], {}, 0
+            return
+        choices, self.expected_tau = greedy_choices(self.accept_prob, budget)
         super().__init__(choices=choices)
-        log.info("greedy tree: %d nodes, expected tau %.3f", n, self.expected_tau)
+        log.info("greedy tree: %d nodes, expected tau %.3f", budget, self.expected_tau)
+
+    def with_accept_prob(self, accept_prob) -> "GreedyPolicy":
+        """This budget over the given calibration (kept when the run's tree.accept_prob is set)."""
+        return self if self.accept_prob is not None else GreedyPolicy(self.budget, accept_prob)
+
+    def build(self, root, expander):
+        if self.accept_prob is None:
+            raise SpecbenchError("tree=greedy needs tree.accept_prob (a calibration JSON from `python run.py "
+                                 "task=calibrate`, or a preset name) for this method")
+        return super().build(root, expander)

@@ -13,6 +13,7 @@ from typing import Protocol
 
 import torch
 
+from specbench.errors import SpecbenchError
 from specbench.trees.token_tree import TokenTree
 
 
@@ -85,7 +86,15 @@ def draw_children(probs: torch.Tensor, k: int, generator: torch.Generator | None
 
 
 class TreePolicy(ABC):
+    """budget: nodes per verification forward, root included -- the one size knob of every policy (tree.budget)."""
+
     name: str = "policy"
+
+    def __init__(self, budget: int) -> None:
+        if not isinstance(budget, int) or isinstance(budget, bool) or budget < 2:
+            raise SpecbenchError(f"tree.budget={budget!r} is invalid: it counts the root, so it must be an integer "
+                                 f">= 2 (use method=autoregressive for no draft at all)")
+        self.budget = budget
 
     @abstractmethod
     def build(self, root: int, expander: DraftExpander) -> TokenTree:

@@ -64,20 +64,27 @@ def cartesian_choices(widths: list[int]) -> list[list[int]]:
 class StaticPolicy(TreePolicy):
     name = "static"
 
-    def __init__(self, choices: list[list[int]] | None = None, preset: str | None = None) -> None:
+    def __init__(self, choices: list[list[int]] | None = None, preset: str | None = None,
+                 budget: int | None = None) -> None:
+        """budget=None keeps every path; a budget keeps the first budget - 1 in (depth, ranks) order, which stays
+        closed under ancestors."""
         if (choices is None) == (preset is None):
             raise SpecbenchError("tree=static needs exactly one of tree.choices (a list of paths) or tree.preset "
                                  "(a preset name or JSON file)")
         paths = validate_choices(load_preset(preset) if preset is not None else _plain(choices))
-        self.paths = paths
+        if budget is not None and budget - 1 > len(paths):
+            raise SpecbenchError(f"tree.budget={budget} is larger than the static tree's {len(paths) + 1} nodes; "
+                                 f"use tree.budget<={len(paths) + 1} or null (the whole tree)")
+        super().__init__(len(paths) + 1 if budget is None else budget)
+        self.paths = paths = paths[: self.budget - 1]
         self.children: dict[RankPath, list[int]] = {}
         for path in paths:
             self.children.setdefault(path[:-1], []).append(path[-1])
         self.depth = max(len(p) for p in paths)
 
     def __len__(self) -> int:
-        """Nodes of the full tree, root included."""
-        return len(self.paths) + 1
+        """Nodes of the full tree, root included (its budget)."""
+        return self.budget
 
     def build(self, root: int, expander: DraftExpander) -> TokenTree:
         generator = getattr(expander, "generator", None)

@@ -12,14 +12,14 @@ given its parent was accepted: the conditional probability the greedy builder mu
 
 from __future__ import annotations
 
-import inspect
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from specbench.acceptance import ExactAcceptance, SamplingParams
+from specbench.acceptance import ExactAcceptance
+from specbench.sampling import SamplingParams
 from specbench.decoding import Decoder
 from specbench.drafters.base import DecodeState, Drafter, StepOutcome
 from specbench.errors import SpecbenchError
@@ -96,32 +96,3 @@ def calibrate(model, drafter: Drafter, prompts: list[list[int]], depth: int, ran
     for ids in prompts:
         decoder.generate(ids)
     return calibration
-
-
-def run(cfg) -> Path:
-    """Calibrate cfg.method's drafter on cfg.dataset and write the JSON that tree=greedy reads."""
-    from hydra.utils import get_class
-
-    from specbench.config import build
-    from specbench.data import encode_prompt
-    from specbench.evaluation.evaluator import build_drafter
-
-    opts = cfg.get("calibration", {}) or {}
-    depth, ranks = int(opts.get("depth", 5)), int(opts.get("ranks", 8))
-    num_prompts = int(opts.get("num_prompts", cfg.eval.num_prompts))
-    max_new_tokens = int(opts.get("max_new_tokens", cfg.eval.max_new_tokens))
-    target = build(cfg.model, dtype=cfg.eval.dtype)
-    takes_tree = "tree" in inspect.signature(get_class(cfg.method.drafter._target_).__init__).parameters
-    drafter = build_drafter(cfg.method.drafter, target, probe_tree(depth, ranks) if takes_tree
-                            else build(cfg.tree))
-    dataset = list(build(cfg.dataset))[:num_prompts]
-    prompts = [encode_prompt(target.tokenizer, p, target.chat_template) for p in dataset]
-    calibration = calibrate(target.model, drafter, prompts, depth, ranks, max_new_tokens, target.eos_token_ids)
-    out = opts.get("out") or f"outputs/calibration/{cfg.method.name}_{target.name}_{cfg.dataset.name}.json"
-    path = calibration.save(out, drafter=cfg.method.name, model=target.name, dataset=cfg.dataset.name,
-                            prompts=len(prompts), max_new_tokens=max_new_tokens)
-    print(f"accept_prob by depth (rows) and rank (columns), saved to {path}:")
-    for level, row in enumerate(calibration.accept_prob, 1):
-        print(f"  depth {level}: " + " ".join(f"{a:.3f}" for a in row))
-    return path
-
