@@ -1,0 +1,150 @@
+"""SSSD's datastore: a suffix array over a tokenised corpus, searched for the continuations of the context's last tokens.
+
+The suffix array comes from pydivsufsort (libdivsufsort). The search is a lexicographic binary search written here
+(bisect with a key) because pydivsufsort's sa_search only takes byte strings, and our tokens are 16/32-bit ids.
+Documents are joined with a separator id outside the vocabulary, so no continuation runs from one into the next.
+One index file (.npz) holds the tokens, the suffix array and a JSON record: the tokenizer's fingerprint, the model
+name and the build settings.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import numpy as np
+from pydivsufsort import divsufsort
+
+from specbench.errors import SpecbenchError
+from specbench.models.loading import cache_root
+
+HELD_OUT_FROM = 10_000  # data.prompts.sharegpt's offset: evaluation prompts start at this ShareGPT conversation
+
+
+@dataclass
+class TrieNode:
+    """How many of the looked-up continuations pass through this token, and what follows it."""
+
+    count: int = 0
+    children: dict[int, "TrieNode"] = field(default_factory=dict)
+
+
+def count_trie(rows: Iterable[Sequence[int]], stop: int | None = None) -> dict[int, TrieNode]:
+    """The children of a prefix: each row is one continuation, read until the `stop` token."""
+    root: dict[int, TrieNode] = {}
+    for row in rows:
+        level = root
+        for token in row:
+            if token == stop:
+                break
+            node = level.setdefault(token, TrieNode())
+            node.count += 1
+            level = node.children
+    return root
+
+
+def spread(n: int, samples: int) -> np.ndarray:
+    """Up to `samples` indices into range(n) at regular intervals: on a sorted range they keep its distribution."""
+    return np.arange(n) if n <= samples else (np.arange(samples) * n) // samples
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
+    """A hash of the sorted vocabulary: datastores built by tokenizers with the same ids are interchangeable."""
+    vocab = sorted(tokenizer.get_vocab().items(), key=lambda kv: kv[1])
+    return hashlib.sha1(json.dumps(vocab, ensure_ascii=False).encode()).hexdigest()[:16]
+
+
+def default_path(model_name: str) -> Path:
+    """Where task=datastore saves the ShareGPT index of a model and method=sssd looks for it."""
+    return cache_root() / "datastores" / model_name / "sharegpt.npz"
+
+
+class Datastore:
+    def __init__(self, tokens: np.ndarray, suffix_array: np.ndarray, meta: dict) -> None:
+        self.tokens, self.suffix_array, self.meta = tokens, suffix_array, meta
+        self.separator = int(meta["separator"])
+
+    @classmethod
+    def build(cls, documents: Iterable[Sequence[int]], tokenizer, model_name: str, **settings) -> "Datastore":
+        """Index the documents (token lists); every document ends with the separator (the vocabulary size)."""
+        separator = len(tokenizer)
+        parts = [np.append(np.asarray(doc, dtype=np.int64), separator) for doc in documents]
+        if not parts:
+            raise SpecbenchError("the datastore needs at least one document; got none")
+        dtype = np.uint16 if separator < 2**16 else np.int32
+        tokens = np.concatenate(parts).astype(dtype)
+        meta = {"model": model_name, "tokenizer": tokenizer_fingerprint(tokenizer), "separator": separator,
+                "documents": len(parts), **settings}
+        return cls(tokens, divsufsort(tokens), meta)
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as fh:
+            np.savez(fh, tokens=self.tokens, suffix_array=self.suffix_array, meta=np.array(json.dumps(self.meta)))
+        tmp.replace(path)  # atomic: a half-written index is never picked up
+
+    @classmethod
+    def load(cls, path: Path, tokenizer, model_name: str) -> "Datastore":
+        """The index at path, checked against the tokenizer that will read its token ids."""
+        build_cmd = f"`python run.py task=datastore model={model_name}`"
+        if not path.exists():
+            raise SpecbenchError(f"the SSSD datastore '{path}' does not exist; build it with {build_cmd}")
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                tokens, suffix_array, meta = data["tokens"], data["suffix_array"], json.loads(str(data["meta"]))
+        except (OSError, ValueError, KeyError) as exc:
+            raise SpecbenchError(f"'{path}' is not a specbench datastore ({exc}); rebuild it with {build_cmd}") from exc
+        if meta.get("tokenizer") != tokenizer_fingerprint(tokenizer):
+            raise SpecbenchError(f"the SSSD datastore '{path}' was built for another tokenizer (model "
+                                 f"{meta.get('model')}); rebuild it with {build_cmd}")
+        return cls(tokens, suffix_array, meta)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def match_range(self, pattern: Sequence[int]) -> tuple[int, int]:
+        """[lo, hi): the suffix-array rows whose suffixes start with pattern."""
+        pattern, k, tokens = list(pattern), len(pattern), self.tokens
+
+        def key(start):
+            return tokens[start: start + k].tolist()
+
+        lo = bisect.bisect_left(self.suffix_array, pattern, key=key)
+        return lo, bisect.bisect_right(self.suffix_array, pattern, lo=lo, key=key)
+
+    def lookup(self, context: Sequence[int], max_prefix: int, min_count: int, samples: int,
+               depth: int) -> tuple[int, dict[int, TrieNode]]:
+        """Continuations (up to `depth` tokens) of the context's last max_prefix tokens, then of shorter suffixes
+        until min_count matches are found; `samples` spread over each match range, merged into one count trie.
+        Returns (continuations merged, trie): a node's count over the first is its path's pseudo-probability."""
+        rows, matches = [], 0
+        for k in range(min(max_prefix, len(context)), 0, -1):
+            lo, hi = self.match_range(context[-k:])
+            if hi > lo:
+                starts = self.suffix_array[lo + spread(hi - lo, samples)].astype(np.int64) + k
+                index = np.minimum(starts[:, None] + np.arange(depth), len(self.tokens) - 1)  # ends on a separator
+                rows.extend(self.tokens[index].tolist())
+                matches += hi - lo
+            if matches >= min_count:
+                break
+        return len(rows), count_trie(rows, stop=self.separator)
+
+
+def sharegpt_documents(tokenizer, num_conversations: int, chat_template: bool) -> list[list[int]]:
+    """The first num_conversations ShareGPT conversations as token lists, through the chat template when the model
+    uses one (so the store holds the same turn markers that precede an answer at decode time)."""
+    from specbench.data.sharegpt import read_sharegpt
+
+    if not isinstance(num_conversations, int) or not 1 <= num_conversations <= HELD_OUT_FROM:
+        raise SpecbenchError(f"datastore.num_conversations={num_conversations!r} is invalid: it must be an integer in "
+                             f"1..{HELD_OUT_FROM}, so the held-out ShareGPT evaluation prompts stay out of the store")
+    conversations = read_sharegpt(num_conversations)
+    if chat_template and getattr(tokenizer, "chat_template", None):
+        texts = [tokenizer.apply_chat_template(c, tokenize=False) for c in conversations]
+        return tokenizer(texts, add_special_tokens=False)["input_ids"]
+    return tokenizer(["\n\n".join(m["content"] for m in c) for c in conversations])["input_ids"]

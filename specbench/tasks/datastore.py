@@ -1,0 +1,30 @@
+"""task=datastore: tokenise ShareGPT with the target's tokenizer and save SSSD's suffix-array index, once per model."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from specbench.config import build
+from specbench.data.datastore import Datastore, default_path, sharegpt_documents
+from specbench.errors import SpecbenchError
+
+
+def run(cfg) -> Path:
+    settings = cfg.get("datastore")
+    if settings is None:
+        raise SpecbenchError("task=datastore needs the datastore config group: pass +datastore=sharegpt (or add "
+                             "`- datastore: sharegpt` to conf/config.yaml's defaults)")
+    target = build(cfg.model, dtype="float32")  # only the tokenizer is used; loading from the cache takes ~1 s
+    path = Path(settings.path).expanduser() if settings.get("path") else default_path(target.name)
+    start = time.perf_counter()
+    documents = sharegpt_documents(target.tokenizer, settings.num_conversations, target.chat_template)
+    tokenised = time.perf_counter()
+    store = Datastore.build(documents, target.tokenizer, target.name, corpus="sharegpt",
+                            num_conversations=settings.num_conversations, chat_template=target.chat_template)
+    store.save(path)
+    done = time.perf_counter()
+    print(f"datastore for {target.name}: {len(store):,} tokens from {len(documents):,} ShareGPT conversations; "
+          f"read + tokenise {tokenised - start:.1f} s, suffix array + save {done - tokenised:.1f} s, "
+          f"{path.stat().st_size / 2**20:.1f} MiB at {path}")
+    return path

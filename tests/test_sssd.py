@@ -1,0 +1,174 @@
+"""SSSD: n-gram counts and scores by hand, datastore lookups, lossless greedy decoding, the budget, bad input."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specbench.acceptance import ExactAcceptance
+from specbench.data.datastore import Datastore, count_trie, spread
+from specbench.decoding import Decoder
+from specbench.drafters.autoregressive import AutoregressiveDrafter
+from specbench.drafters.base import DecodeState
+from specbench.drafters.sssd import InputIndex, SSSDDrafter
+from specbench.errors import SpecbenchError
+from specbench.models.tiny import byte_tokenizer
+from specbench.sampling import SamplingParams
+from specbench.trees.native import NativePolicy
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXTS = ["the cat sat on the mat and the cat sat on the hat", "abc abc abc abd abc", "x", "hello world " * 6]
+
+
+def decode(tiny, drafter, prompt, max_new=48):
+    return Decoder(tiny.model, drafter, ExactAcceptance(), SamplingParams(), max_new, tiny.eos_token_ids,
+                   max_context=tiny.max_context).generate(prompt)
+
+
+def flat(trie):
+    """{path: count} of a count trie."""
+    out = {}
+    for token, node in trie.items():
+        out[(token,)] = node.count
+        out.update({(token, *path): c for path, c in flat(node.children).items()})
+    return out
+
+
+@pytest.fixture(scope="module")
+def prompts(tiny):
+    return [tiny.tokenizer(t)["input_ids"] for t in TEXTS]
+
+
+@pytest.fixture(scope="module")
+def store_path(tiny, prompts, tmp_path_factory):
+    """A datastore of a few strings plus what the tiny model writes after the test prompts, so its drafts match."""
+    docs = [tiny.tokenizer(t)["input_ids"] for t in ("a few strings", "for the datastore")]
+    docs += [p + decode(tiny, AutoregressiveDrafter(), p).tokens for p in prompts]
+    path = tmp_path_factory.mktemp("ds") / "tiny.npz"
+    Datastore.build(docs, tiny.tokenizer, tiny.name).save(path)
+    return path
+
+
+def test_input_ngram_counts_by_hand():
+    tokens = [1, 2, 3, 1, 2, 3, 1, 2, 4, 1, 2]
+    index = InputIndex(max_prefix=2)
+    index.extend(tokens[:5])
+    index.extend(tokens)  # incremental: only the new tokens are indexed
+    assert index.follows[(1, 2)] == [2, 5, 8, 11] and index.follows[(2,)] == [2, 5, 8, 11]
+    assert index.follows[(2, 3)] == [3, 6] and (2, 3, 1) not in index.follows
+    total, trie = index.lookup(k=2, depth=2, samples=100)  # the last occurrence has no continuation yet
+    assert total == 3 and flat(trie) == {(3,): 2, (3, 1): 2, (4,): 1, (4, 1): 1}
+
+
+def test_input_scores_and_greedy_tree_by_hand(tiny):
+    """Scores (scale * count / total * 0.9 ** (depth - 1)), k=2: scale 0.5, k=1: scale 0.5 * 0.8:
+    3 (k2) .333, 3-1 (k2) .300, 3 (k1) .267 merged, 3-1 (k1) .240 merged, 4 (k2) .167, 4-1 (k2) .150, ..."""
+    tokens = [1, 2, 3, 1, 2, 3, 1, 2, 4, 1, 2]
+    knobs = dict(sources=["input"], input_max_prefix=2, branch_len=2, input_discount=0.5, match_discount=0.8,
+                 depth_discount=0.9)
+    for budget, want_tokens, want_parents in [(3, [2, 3, 1], [-1, 0, 1]), (4, [2, 3, 1, 4], [-1, 0, 1, 0]),
+                                              (32, [2, 3, 1, 4, 1], [-1, 0, 1, 0, 3])]:
+        drafter = SSSDDrafter(tiny, NativePolicy(budget), **knobs)
+        state = DecodeState(tokens=list(tokens), prompt_len=len(tokens))
+        drafter.reset(state)
+        tree = drafter.propose(state)
+        assert tree.tokens.tolist() == want_tokens and tree.parents.tolist() == want_parents
+
+
+def test_datastore_lookup_counts_on_a_hand_made_corpus(tiny, tmp_path):
+    docs = [[10, 11, 12, 10, 11, 13], [10, 11, 12, 14]]
+    store = Datastore.build(docs, tiny.tokenizer, tiny.name)
+    sep = len(tiny.tokenizer)
+    assert store.tokens.tolist() == [10, 11, 12, 10, 11, 13, sep, 10, 11, 12, 14, sep]
+    assert store.match_range([10, 11])[1] - store.match_range([10, 11])[0] == 3
+    assert store.match_range([11, 10])[1] == store.match_range([11, 10])[0]
+    # the longest suffix with enough matches; continuations stop at a document's end
+    total, trie = store.lookup([5, 10, 11], max_prefix=2, min_count=1, samples=100, depth=2)
+    assert total == 3 and flat(trie) == {(12,): 2, (12, 10): 1, (12, 14): 1, (13,): 1}
+    # 12 10 11 matches once, below min_count=2: back off to 10 11 and merge the counts
+    total, trie = store.lookup([12, 10, 11], max_prefix=3, min_count=2, samples=100, depth=1)
+    assert total == 4 and flat(trie) == {(13,): 2, (12,): 2}
+    assert store.lookup([99], max_prefix=4, min_count=1, samples=100, depth=3) == (0, {})
+    path = tmp_path / "ds.npz"
+    store.save(path)
+    loaded = Datastore.load(path, tiny.tokenizer, tiny.name)
+    assert (loaded.suffix_array == store.suffix_array).all() and loaded.meta == store.meta
+
+
+def test_samples_spread_over_the_match_range():
+    assert spread(10, 5).tolist() == [0, 2, 4, 6, 8] and spread(3, 5).tolist() == [0, 1, 2]
+    assert flat(count_trie([[1, 2], [1, 3], [1, 9, 4]], stop=9)) == {(1,): 3, (1, 2): 1, (1, 3): 1}
+
+
+@pytest.mark.parametrize("sources", [["input"], ["datastore"], ["input", "datastore"]])
+def test_sssd_greedy_equals_autoregressive(tiny, prompts, store_path, sources):
+    accepted = 0
+    for prompt in prompts:
+        ar = decode(tiny, AutoregressiveDrafter(), prompt)
+        out = decode(tiny, SSSDDrafter(tiny, NativePolicy(16), sources=sources, datastore=str(store_path)), prompt)
+        assert out.tokens == ar.tokens
+        assert all(s.tree_size <= 16 for s in out.steps)
+        accepted += sum(s.accepted for s in out.steps)
+    assert accepted > 0  # the drafts were really accepted
+
+
+@pytest.mark.parametrize("budget", [2, 5, 32])
+def test_the_tree_respects_the_budget(tiny, prompts, store_path, budget):
+    drafter = SSSDDrafter(tiny, NativePolicy(budget), datastore=str(store_path))
+    sizes = [s.tree_size for p in prompts for s in decode(tiny, drafter, p, max_new=24).steps]
+    assert max(sizes) <= budget and (budget == 32 or max(sizes) == budget)
+
+
+def test_a_missing_datastore_says_how_to_build_it(tiny, tmp_path):
+    with pytest.raises(SpecbenchError, match=r"does not exist; build it with `python run.py task=datastore "
+                                             r"model=tiny_random`"):
+        SSSDDrafter(tiny, NativePolicy(8), datastore=str(tmp_path / "none.npz"))
+    SSSDDrafter(tiny, NativePolicy(8), sources=["input"], datastore=str(tmp_path / "none.npz"))  # not needed
+
+
+def test_a_datastore_for_another_tokenizer_is_refused(tiny, tmp_path):
+    other = byte_tokenizer()
+    other.add_tokens(["<extra>"])
+    Datastore.build([[1, 2, 3]], other, "other_model").save(tmp_path / "other.npz")
+    with pytest.raises(SpecbenchError, match="built for another tokenizer \\(model other_model\\); rebuild it"):
+        SSSDDrafter(tiny, NativePolicy(8), datastore=str(tmp_path / "other.npz"))
+    (tmp_path / "junk.npz").write_text("not an index")
+    with pytest.raises(SpecbenchError, match="is not a specbench datastore"):
+        SSSDDrafter(tiny, NativePolicy(8), datastore=str(tmp_path / "junk.npz"))
+
+
+@pytest.mark.parametrize("knob, value, valid", [
+    ("sources", [], "non-empty list"), ("sources", ["input", "web"], "non-empty list"),
+    ("sources", "input", "non-empty list"), ("sources", ["input", "input"], "distinct"),
+    ("samples", 0, "integer >= 1"), ("min_count", 1.5, "integer >= 1"), ("branch_len", -1, "integer >= 1"),
+    ("input_max_prefix", 0, "integer >= 1"), ("datastore_max_prefix", True, "integer >= 1"),
+    ("input_discount", 0.0, r"in \(0, 1\]"), ("depth_discount", 1.5, r"in \(0, 1\]"),
+    ("match_discount", "x", r"in \(0, 1\]"),
+])
+def test_bad_knobs_name_the_value_and_what_is_valid(tiny, knob, value, valid):
+    with pytest.raises(SpecbenchError, match=rf"sssd {knob}={value!r} is invalid: .*{valid}".replace("[", r"\[")):
+        SSSDDrafter(tiny, NativePolicy(8), **{"sources": ["input"], knob: value})
+
+
+def test_task_datastore_end_to_end(tiny, tmp_path, monkeypatch):
+    """`python run.py task=datastore` on the tiny model: it saves an index the drafter then finds by default."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", SPECBENCH_CACHE=str(tmp_path / "cache"))
+    args = [sys.executable, "run.py", "task=datastore", "model=tiny_random", "++datastore.num_conversations=20",
+            "++datastore.path=null", f"hydra.run.dir={tmp_path}/run"]
+    proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    path = tmp_path / "cache" / "datastores" / "tiny_random" / "sharegpt.npz"
+    assert "from 20 ShareGPT conversations" in proc.stdout and str(path) in proc.stdout
+    store = Datastore.load(path, tiny.tokenizer, tiny.name)
+    assert store.meta["num_conversations"] == 20 and len(store) > 1000
+    suffixes = [store.tokens[i: i + 16].tolist() for i in store.suffix_array[::97]]
+    assert suffixes == sorted(suffixes)
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    assert SSSDDrafter(tiny, NativePolicy(8)).store.meta == store.meta  # found again at the default path
+    bad = subprocess.run(args[:3] + ["model=tiny_random", "++datastore.num_conversations=0", "++datastore.path=null",
+                                     f"hydra.run.dir={tmp_path}/run"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines()[-1].startswith("error: datastore.num_conversations=0 is invalid")
