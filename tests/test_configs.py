@@ -41,7 +41,9 @@ def test_acceptance_rules_instantiate_and_declare_losslessness(choice, tmp_path)
 @pytest.mark.parametrize("choice", options("hw"))
 def test_hardware_specs_instantiate(choice, tmp_path):
     hw = instantiate(compose_cfg([f"hw={choice}"], tmp_path).hw)
-    assert isinstance(hw, HardwareSpec) and hw.peak_tflops > 0
+    assert isinstance(hw, HardwareSpec)
+    # the machine at hand is measured (cached profile); a board states a positive peak for the dtype it runs
+    assert hw.peak_tflops == "measured" or hw.peak_flops(hw.weight_dtype) > 0
 
 
 @pytest.mark.parametrize("choice", options("method"))

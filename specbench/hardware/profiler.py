@@ -6,6 +6,7 @@ The ideal speedup tau * L(1) / L(n) and the hardware-aware tree budgets read thi
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import pandas as pd
 import torch
@@ -18,9 +19,19 @@ from specbench.verification import verify_tree
 
 
 @torch.inference_mode()
-def latency_profile(model, sizes=(1, 2, 4, 8, 16, 32, 64), context: int = 128, repeats: int = 5,
+def latency_profile(model, sizes=(1, 2, 4, 8, 16, 32, 64), context: int | Sequence[int] = 128, repeats: int = 5,
                     hw: HardwareSpec | None = None) -> pd.DataFrame:
-    """Median ms per forward of a tree of n nodes (any tree shape of n nodes costs the same)."""
+    """Median ms per forward of a tree of n nodes (any tree shape of n nodes costs the same), per context."""
+    contexts = [context] if isinstance(context, int) else list(context)
+    frame = pd.concat([_at_context(model, sizes, ctx, repeats) for ctx in contexts], ignore_index=True)
+    if hw is not None:
+        shape = ModelShape.of(model)
+        frame["roofline_ms"] = [1e3 * roofline_step_time(shape, hw, n, ctx)
+                                for n, ctx in zip(frame["tokens"], frame["context"])]
+    return frame
+
+
+def _at_context(model, sizes, context: int, repeats: int) -> pd.DataFrame:
     vocab = model.config.get_text_config().vocab_size
     gen = torch.Generator().manual_seed(0)
     cache = DynamicCache()
@@ -39,9 +50,5 @@ def latency_profile(model, sizes=(1, 2, 4, 8, 16, 32, 64), context: int = 128, r
             sync()
             times.append(time.perf_counter() - start)
             cache.crop(-n)
-        rows.append({"tokens": n, "ms": 1e3 * sorted(times[1:])[len(times[1:]) // 2]})
-    frame = pd.DataFrame(rows)
-    if hw is not None:
-        shape = ModelShape.of(model)
-        frame["roofline_ms"] = [1e3 * roofline_step_time(shape, hw, n, context) for n in frame["tokens"]]
-    return frame
+        rows.append({"context": context, "tokens": n, "ms": 1e3 * sorted(times[1:])[len(times[1:]) // 2]})
+    return pd.DataFrame(rows)

@@ -1,10 +1,18 @@
-"""task=profile: measure L(n) of the target on this machine next to the chosen hardware's roofline."""
+"""task=profile: this machine's measured profile (peaks and L(n, context) per dtype), cached per fingerprint,
+printed, and set against the roofline of the measured peaks.
+
+Contexts default to 128 and 1024; `+eval.profile_contexts=[128,512,1024,2048]` widens them."""
 
 from __future__ import annotations
 
+import shutil
+
 import pandas as pd
 
-from specbench.hardware.profiler import latency_profile
+from specbench.hardware.machine_profile import (as_spec, choose_dtype, load_or_measure_profile, profile_path,
+                                                roofline_error)
+from specbench.hardware.plots import profile_vs_roofline
+from specbench.hardware.roofline import ModelShape
 from specbench.tasks._common import run_dir, setup_target
 
 
@@ -12,8 +20,28 @@ def run(cfg) -> pd.DataFrame:
     out = run_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)
     hw, target = setup_target(cfg)
-    profile = latency_profile(target.model, sizes=tuple(cfg.eval.profile_sizes), context=cfg.eval.profile_context,
-                              repeats=cfg.eval.profile_repeats, hw=hw)
-    profile.to_csv(out / "latency_profile.csv", index=False)
-    print(profile.to_string(index=False))
-    return profile
+    contexts = list(cfg.eval.get("profile_contexts", [128, 1024]))
+    profile = load_or_measure_profile(target, sizes=list(cfg.eval.profile_sizes), contexts=contexts,
+                                      repeats=cfg.eval.profile_repeats)
+    shutil.copy(profile_path(target.name, profile.device), out / "machine_profile.json")
+    info = profile.machine
+    peaks = profile.peaks
+    print(f"machine: {info['cpu_model']} ({info['cpu_capability']}), {info['threads']} threads, "
+          f"gpu {info['gpu_name']}, torch {info['torch_version']}")
+    print("peak matmul TFLOP/s: " + ", ".join(f"{d} {v:.3f}" for d, v in peaks["peak_tflops"].items())
+          + f"; memory read {peaks['mem_bandwidth_gbs']:.1f} GB/s; fixed cost {peaks['layer_overhead_ms']:.3f} ms"
+          f" per layer; DRAM {peaks['memory_gb']:.1f} GB")
+    errors = roofline_error(profile, ModelShape.of(target.model), as_spec(profile, hw))
+    errors.to_csv(out / "profile_vs_roofline.csv", index=False)
+    table = errors.pivot_table(index=["dtype", "context"], columns="tokens", values=["ms", "roofline_ms"])
+    with pd.option_context("display.width", 200, "display.precision", 1, "display.max_columns", 30):
+        print("L(n) measured (ms) and roofline (ms):")
+        print(table.to_string())
+    err = errors.groupby("dtype")["error_pct"].agg(lambda e: e.abs().mean())
+    print("roofline mean |error| %: " + ", ".join(f"{d} {v:.0f}%" for d, v in err.items()))
+    for n in (1, 8, 32):
+        print(f"choose_dtype(tree_size={n}): {choose_dtype(profile, n, contexts[0])[1]}")
+    title = (f"{target.name} on {info['cpu_model']} ({info['cpu_capability']}, {info['threads']} threads): "
+             f"measured vs roofline of measured peaks")
+    print(f"plot: {profile_vs_roofline(errors, title, out / 'profile_vs_roofline.png')}")
+    return errors

@@ -1,0 +1,52 @@
+"""LLMCad's memory budget, modelled: a target that does not fit streams its weights from storage every forward.
+
+The draft stays resident; the target keeps what fits beside it (and both KV caches) and loads the rest per forward
+at the board's storage bandwidth. Speculation divides the number of target forwards (so of loads) by tau; LLMCad's
+pipeline also hides the draft's forwards under the next load (compute never overlaps compute).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from specbench.errors import SpecbenchError
+from specbench.hardware.roofline import ModelShape, board_dtype, roofline_step_time
+from specbench.hardware.spec import HardwareSpec
+
+
+def _kv_bytes(shape: ModelShape, context: float, dtype_bytes: float) -> float:
+    return 2 * shape.layers * shape.kv_heads * shape.head_dim * dtype_bytes * context
+
+
+def streaming_latency(target: ModelShape, draft: ModelShape, hw: HardwareSpec, budget_gb: float, tau: float,
+                      draft_len: int, context: float = 256, dtype: str | None = None) -> pd.DataFrame:
+    """Per-token latency of plain decoding and of speculation (without and with LLMCad's overlap) under a memory
+    budget, at the board's weight dtype. budget_gb is capped by hw.memory_gb."""
+    if tau < 1 or draft_len < 1 or budget_gb <= 0:
+        raise SpecbenchError(f"LLMCad's model needs tau >= 1, draft_len >= 1 and budget_gb > 0; "
+                             f"got tau={tau}, draft_len={draft_len}, budget_gb={budget_gb}")
+    dtype = board_dtype(target, hw, dtype)
+    target, draft = target.with_dtype(dtype), draft.with_dtype(dtype)
+    budget = min(budget_gb, hw.memory) * 1e9
+    act = 4.0 if dtype == "float32" else 2.0
+    kv = _kv_bytes(target, context + draft_len, act) + _kv_bytes(draft, context + draft_len, act)
+    resident = budget - draft.weight_bytes - kv
+    if resident < 0:
+        raise SpecbenchError(f"the draft ({draft.weight_bytes / 1e9:.2f} GB in {dtype}) and KV caches do not fit "
+                             f"in a {budget / 1e9:.1f} GB budget on {hw.name}")
+    streamed = max(0.0, target.weight_bytes - resident)
+    load = streamed / (hw.storage_bandwidth_gbs * 1e9)
+    t1 = roofline_step_time(target, hw, 1, context, dtype=dtype)
+    verify = roofline_step_time(target, hw, draft_len + 1, context, dtype=dtype)
+    drafting = draft_len * roofline_step_time(draft, hw, 1, context, dtype=dtype)
+    rows = [("target alone, no budget (if it fit)", t1, 1.0),
+            ("plain decoding, streaming", load + t1, 1.0),
+            ("speculative, streaming", drafting + load + verify, tau),
+            ("speculative, streaming, drafting during loads (LLMCad)", max(drafting, load) + verify, tau)]
+    frame = pd.DataFrame([{"scenario": s, "step_ms": 1e3 * t, "tokens_per_step": k, "per_token_ms": 1e3 * t / k}
+                          for s, t, k in rows])
+    frame["speedup_vs_streaming"] = frame["per_token_ms"].iloc[1] / frame["per_token_ms"]
+    frame.attrs = {"dtype": dtype, "budget_gb": budget / 1e9, "streamed_gb": streamed / 1e9,
+                   "target_gb": target.weight_bytes / 1e9, "draft_gb": draft.weight_bytes / 1e9,
+                   "load_ms": 1e3 * load}
+    return frame

@@ -1,0 +1,212 @@
+"""The measured profile of the machine at hand: peaks per dtype and L(n, context) of the target per dtype.
+
+Measured once per machine fingerprint (machine.py) and model, cached as JSON under the specbench cache, and read
+by hw=cpu / hw=cuda (their `measured` figures) and by the evaluator (the dtype choice, L(n) for tree budgets).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+from transformers import DynamicCache
+
+from specbench.errors import SpecbenchError
+from specbench.hardware.machine import fingerprint, machine_info
+from specbench.hardware.profiler import latency_profile
+from specbench.hardware.roofline import ModelShape, roofline_step_time
+from specbench.hardware.spec import HardwareSpec
+from specbench.models.loading import LoadedModel, cache_root, torch_dtype
+
+SIZES = (1, 2, 4, 8, 16, 32, 64)
+CONTEXTS = (128, 1024)
+
+
+def default_dtypes(device: torch.device | str) -> tuple[str, ...]:
+    """The dtypes worth profiling: float16 has fast kernels on CUDA only."""
+    return ("float32", "bfloat16", "float16") if torch.device(device).type == "cuda" else ("float32", "bfloat16")
+
+
+def profile_dir() -> Path:
+    return cache_root() / "profiles"
+
+
+def _best_seconds(fn, sync, budget_s: float = 0.5, min_runs: int = 3) -> float:
+    """The fastest of repeated runs within a time budget (after one warm-up): peak, not typical, speed."""
+    fn()
+    sync()
+    best, start, runs = float("inf"), time.perf_counter(), 0
+    while runs < min_runs or time.perf_counter() - start < budget_s:
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        best, runs = min(best, time.perf_counter() - t0), runs + 1
+    return best
+
+
+@torch.inference_mode()
+def measure_peaks(device: torch.device | str, dtypes=None, matmul_size: int | None = None, read_mb: int = 256,
+                  budget_s: float = 0.5) -> dict:
+    """Matmul TFLOP/s per dtype, memory-read GB/s, the fixed cost per transformer layer and DRAM capacity.
+
+    A few seconds: square matmuls (1024 on CPU, 8192 on CUDA), a sum over a 256 MB tensor, and the forward time
+    of two tiny Llamas (2 and 8 layers) whose difference per layer is the dispatch cost no roofline sees."""
+    from specbench.models.tiny import tiny_random
+
+    device = torch.device(device)
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    size = matmul_size or (8192 if device.type == "cuda" else 1024)
+    tflops = {}
+    for name in dtypes or default_dtypes(device):
+        a = torch.randn(size, size, device=device).to(torch_dtype(name))
+        tflops[name] = 2 * size**3 / _best_seconds(lambda: a @ a, sync, budget_s) / 1e12
+    x = torch.ones(read_mb * 2**18, device=device)  # read_mb of float32
+    bandwidth = x.numel() * 4 / _best_seconds(x.sum, sync, budget_s) / 1e9
+    per_forward = {layers: _one_token_forward_s(tiny_random(num_layers=layers, device=str(device)).model, sync,
+                                                budget_s) for layers in (2, 8)}
+    memory = (torch.cuda.get_device_properties(device).total_memory if device.type == "cuda"
+              else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    return {"peak_tflops": tflops, "mem_bandwidth_gbs": bandwidth,
+            "layer_overhead_ms": max(0.0, 1e3 * (per_forward[8] - per_forward[2]) / 6), "memory_gb": memory / 1e9}
+
+
+def _one_token_forward_s(model, sync, budget_s: float) -> float:
+    """Fastest forward of one token over a 16-token cache."""
+    cache = DynamicCache()
+    ids = torch.zeros(1, 17, dtype=torch.long, device=model.device)
+    model(input_ids=ids[:, :16], past_key_values=cache, use_cache=True)
+
+    def step():
+        model(input_ids=ids[:, 16:], past_key_values=cache, use_cache=True)
+        cache.crop(-1)
+    return _best_seconds(step, sync, budget_s)
+
+
+def measured_peaks(device: torch.device | str) -> dict:
+    """This machine's peaks, from the cache when a profile of any model holds them, else measured now and cached."""
+    device = torch.device(device)
+    root, fp = profile_dir(), fingerprint()
+    for path in sorted(root.glob(f"{fp}-{device.type}-*.json")):
+        return json.loads(path.read_text())["peaks"]
+    peaks = measure_peaks(device)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / f"{fp}-{device.type}-peaks.json").write_text(json.dumps({"machine": machine_info(), "peaks": peaks}))
+    return peaks
+
+
+@dataclass
+class MachineProfile:
+    """Peaks and the measured L(n, context) per dtype of one model on one machine."""
+
+    machine: dict
+    device: str
+    model: str
+    peaks: dict  # peak_tflops {dtype: TFLOP/s}, mem_bandwidth_gbs, layer_overhead_ms, memory_gb
+    latency: pd.DataFrame  # dtype, context, tokens, ms
+
+    @property
+    def dtypes(self) -> list[str]:
+        return list(dict.fromkeys(self.latency["dtype"]))
+
+    def latency_ms(self, dtype: str, n: float, context: float) -> float:
+        """L(n, context) in ms: linear in n between measured sizes, then linear in context (extrapolated beyond)."""
+        if dtype not in self.dtypes:
+            raise SpecbenchError(f"the machine profile has no dtype '{dtype}'; it has: {', '.join(self.dtypes)}")
+        rows = self.latency[self.latency["dtype"] == dtype]
+        contexts = sorted(set(rows["context"]))
+        at = [_interp(n, *rows[rows["context"] == c].sort_values("tokens")[["tokens", "ms"]].T.values)
+              for c in contexts]
+        return _interp(context, np.array(contexts, dtype=float), np.array(at))
+
+    def covers(self, dtypes, sizes, contexts) -> bool:
+        have = set(zip(self.latency["dtype"], self.latency["context"], self.latency["tokens"]))
+        return all((d, c, n) in have for d in dtypes for c in contexts for n in sizes)
+
+    def to_json(self) -> str:
+        return json.dumps({"machine": self.machine, "device": self.device, "model": self.model, "peaks": self.peaks,
+                           "latency": self.latency.to_dict(orient="records")}, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> "MachineProfile":
+        data = json.loads(text)
+        return cls(data["machine"], data["device"], data["model"], data["peaks"], pd.DataFrame(data["latency"]))
+
+
+def _interp(x: float, xs: np.ndarray, ys: np.ndarray) -> float:
+    """np.interp inside the measured range, the end segments' slopes outside it."""
+    if len(xs) == 1:
+        return float(ys[0])
+    if x < xs[0]:
+        return float(ys[0] + (x - xs[0]) * (ys[1] - ys[0]) / (xs[1] - xs[0]))
+    if x > xs[-1]:
+        return float(ys[-1] + (x - xs[-1]) * (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
+    return float(np.interp(x, xs, ys))
+
+
+def profile_path(model_name: str, device: torch.device | str) -> Path:
+    return profile_dir() / f"{fingerprint()}-{torch.device(device).type}-{model_name}.json"
+
+
+def load_or_measure_profile(target: LoadedModel, dtypes=None, sizes=SIZES, contexts=CONTEXTS,
+                            repeats: int = 3) -> MachineProfile:
+    """The cached profile of `target` on this machine, measured now (and cached) when it lacks a requested point.
+
+    Each dtype is timed on a copy of the target cast to it: a forward's cost depends on the dtype, not on the
+    weights' values."""
+    device = target.model.device
+    dtypes, sizes, contexts = list(dtypes or default_dtypes(device)), list(sizes), list(contexts)
+    path = profile_path(target.name, device)
+    if path.exists():
+        cached = MachineProfile.from_json(path.read_text())
+        if cached.covers(dtypes, sizes, contexts):
+            return cached
+    frames = []
+    for name in dtypes:
+        model = target.model
+        if model.dtype != torch_dtype(name):
+            model = copy.deepcopy(model).to(torch_dtype(name))
+        frames.append(latency_profile(model, sizes, contexts, repeats).assign(dtype=name))
+        del model
+    profile = MachineProfile(machine_info(), device.type, target.name, measured_peaks(device),
+                             pd.concat(frames, ignore_index=True)[["dtype", "context", "tokens", "ms"]])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(profile.to_json())
+    return profile
+
+
+def choose_dtype(profile: MachineProfile, tree_size: float, context: float) -> tuple[str, str]:
+    """The dtype with the cheapest verify forward L(tree_size), and a one-line reason naming the fastest plain
+    decoding L(1): a method must beat that, whatever its dtype."""
+    verify = {d: profile.latency_ms(d, tree_size, context) for d in profile.dtypes}
+    plain = {d: profile.latency_ms(d, 1, context) for d in profile.dtypes}
+    best, fastest_ar = min(verify, key=verify.get), min(plain, key=plain.get)
+    others = ", ".join(f"{d} {ms:.1f} ms" for d, ms in verify.items() if d != best)
+    reason = (f"{best}: L({tree_size:g}) at context {context:g} is {verify[best]:.1f} ms (vs {others}); fastest plain "
+              f"decoding is {fastest_ar} at L(1) = {plain[fastest_ar]:.1f} ms")
+    return best, reason
+
+
+def as_spec(profile: MachineProfile, base: HardwareSpec) -> HardwareSpec:
+    """`base` with this profile's measured figures: the roofline of the machine the profile was taken on."""
+    peaks = profile.peaks
+    return dataclasses.replace(base, name=f"{profile.device} (measured)", device=profile.device,
+                               peak_tflops=peaks["peak_tflops"], mem_bandwidth_gbs=peaks["mem_bandwidth_gbs"],
+                               layer_overhead_ms=peaks["layer_overhead_ms"], memory_gb=peaks["memory_gb"],
+                               weight_dtype=None, units=[], partition="gpu_only")
+
+
+def roofline_error(profile: MachineProfile, shape: ModelShape, hw: HardwareSpec) -> pd.DataFrame:
+    """Measured L(n, context) beside the roofline's, per dtype, with the relative error."""
+    frame = profile.latency.copy()
+    frame["roofline_ms"] = [1e3 * roofline_step_time(shape, hw, n, c, dtype=d)
+                            for d, c, n in zip(frame["dtype"], frame["context"], frame["tokens"])]
+    frame["error_pct"] = 100 * (frame["roofline_ms"] - frame["ms"]) / frame["ms"]
+    return frame
