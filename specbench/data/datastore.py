@@ -1,4 +1,4 @@
-"""SSSD's datastore: a suffix array over a tokenised corpus, searched for the continuations of the context's last tokens.
+"""SSSD's datastore: a suffix array over a tokenised corpus, searched for continuations of the context's last tokens.
 
 The suffix array comes from pydivsufsort (libdivsufsort). The search is a lexicographic binary search written here
 (bisect with a key) because pydivsufsort's sa_search only takes byte strings, and our tokens are 16/32-bit ids.
