@@ -6,6 +6,8 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+import specbench.config  # noqa: F401  (registers the resolvers the configs use)
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is fetched from a hub at run time
 os.environ.setdefault("WANDB_MODE", "offline")
 

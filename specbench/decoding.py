@@ -37,7 +37,7 @@ class Generation:
     prefill_time: float
     wall_time: float  # prefill included
     steps: list[StepRecord] = field(default_factory=list)
-    kv_cache_bytes: int = 0
+    kv_peak_bytes: int = 0  # the target's and the drafter's caches at their largest (a tree just verified)
     token_logprobs: list[float] = field(default_factory=list)  # log p(token) under the sampling distribution (T > 0)
 
     @property
@@ -92,6 +92,7 @@ class Decoder:
             extras = self.drafter.verify_extras(tree)
             vout = verify_tree(self.model, cache, tree, want_hidden, *(extras or (None, None)))
             t2 = self._clock()
+            gen.kv_peak_bytes = max(gen.kv_peak_bytes, cache_bytes(cache) + self.drafter.cache_bytes())
             acc = self.acceptance.accept(tree, vout.logits[: len(tree)], self.sampling, generator)
             commit_path(cache, past_len, acc.path)
             new_tokens = tree.tokens[acc.path[1:]].tolist() + [acc.next_token]
@@ -109,7 +110,7 @@ class Decoder:
         gen.tokens = self._truncate(gen.tokens)
         gen.token_logprobs = gen.token_logprobs[: len(gen.tokens)]
         gen.wall_time = self._clock() - start
-        gen.kv_cache_bytes = cache_bytes(cache)
+        gen.kv_peak_bytes = max(gen.kv_peak_bytes, cache_bytes(cache))  # a prompt answered by prefill alone
         return gen
 
     def _log_probs(self, gen: Generation, logits: torch.Tensor, tokens: list[int]) -> None:

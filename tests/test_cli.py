@@ -51,12 +51,29 @@ def test_empty_dataset(tmp_path):
     assert proc.returncode == 2 and "is empty" in last_line(proc)
 
 
-def test_prompt_longer_than_the_context(tmp_path):
+def test_a_prompt_longer_than_the_context_is_skipped_and_counted(tmp_path):
     data = tmp_path / "long.jsonl"
-    data.write_text(json.dumps({"question_id": "long", "category": "x", "turns": ["word " * 200]}) + "\n")
+    rows = [{"question_id": "long", "category": "x", "turns": ["word " * 200]},
+            {"question_id": "short", "category": "x", "turns": ["hi"]}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     proc = run([*TINY, "model.max_context=64", "dataset=jsonl", f"dataset.path={data}"], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert {r["method"]: (r["skipped_prompts"], r["num_prompts"]) for r in summary} == {
+        "autoregressive": (1, 1), "pld": (1, 1)}
+
+
+def test_settings_are_checked_before_any_model_or_data_loads(tmp_path):
+    proc = run([*TINY, "model=hf", "model.path=/nonexistent/model", "dataset=jsonl", "dataset.path=/nonexistent.jsonl",
+                "eval.max_new_tokens=-5"], tmp_path)
     assert proc.returncode == 2
-    assert "prompt long has" in last_line(proc) and "context of 64" in last_line(proc)
+    assert last_line(proc) == "error: eval.max_new_tokens=-5 is invalid: it must be an integer >= 1"
+
+
+def test_an_unknown_method_in_a_methods_list_names_the_valid_ones(tmp_path):
+    proc = run([*TINY, "methods=[pld,nonexistent]"], tmp_path)
+    assert proc.returncode == 2
+    assert "methods entry 'nonexistent' is not a method config; valid:" in last_line(proc) and "medusa" in last_line(proc)
 
 
 def test_tiny_run_end_to_end(tmp_path):

@@ -68,7 +68,7 @@ def test_step_records_time_every_phase(tiny):
     assert out.prefill_time > 0 and out.wall_time >= out.prefill_time
     for s in out.steps:
         assert 0 <= s.draft_time and 0 < s.verify_time <= s.step_time
-    assert out.kv_cache_bytes > 0
+    assert out.kv_peak_bytes > 0
     assert sum(out.accept_lengths) == len(out.tokens) - 1 or len(out.tokens) == 48
 
 

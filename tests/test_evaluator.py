@@ -6,25 +6,29 @@ import pandas as pd
 import pytest
 
 from specbench.decoding import Decoder
+from specbench.errors import SpecbenchError
+from specbench.evaluation.metrics import paired_speedup
 from specbench.tasks import eval as eval_task
 
 from .conftest import compose_cfg
 
 FAST = ["model=tiny_random", "eval.dtype=float32", "eval.num_prompts=4", "eval.max_new_tokens=24",
-        "eval.profile_sizes=[1,2,4]", "eval.profile_repeats=1", "eval.warmup=0"]
+        "eval.profile_sizes=[1,2,4]", "eval.profile_repeats=1", "eval.warmup=0", "eval.memory_probe=false"]
 
 
 def test_eval_writes_the_run_folder_contract(tmp_path):
     cfg = compose_cfg(FAST, tmp_path)
     summary = eval_task.run(cfg)
     records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
-    assert {(r["method"]) for r in records} == {"autoregressive", "pld"} and len(records) == 8
+    # MT-Bench has two turns: both are decoded, the second after each method's own first answer
+    assert {(r["method"]) for r in records} == {"autoregressive", "pld"} and len(records) == 16
+    assert {r["turn"] for r in records} == {0, 1}
     for key in ("method", "question_id", "category", "new_tokens", "steps", "wall_time", "prefill_time",
                 "draft_time", "verify_time", "accept_lengths", "output_ids"):
         assert key in records[0]
     table = pd.read_csv(tmp_path / "summary.csv")
     for col in ("method", "tau", "tokens_per_s", "decode_tokens_per_s", "speedup", "overhead", "lossless_match",
-                "peak_mem_mb", "num_prompts"):
+                "method_mem_mb", "kv_peak_mb", "speedup_paired", "speedup_ci_low", "speedup_ci_high", "skipped_prompts", "num_prompts"):
         assert col in table.columns
     row = summary.set_index("method").loc["pld"]
     assert row["lossless_match"] == 1.0  # fp32, greedy, exact acceptance
@@ -35,7 +39,7 @@ def test_eval_writes_the_run_folder_contract(tmp_path):
 
 
 def test_a_killed_run_resumes_without_duplicates_or_losses(tmp_path, monkeypatch):
-    cfg = compose_cfg(FAST, tmp_path)
+    cfg = compose_cfg([*FAST, "eval.first_turn_only=true"], tmp_path)
     real = Decoder.generate
     calls = {"n": 0}
 
@@ -73,3 +77,70 @@ def test_the_baseline_samples_from_the_target_whatever_rule_the_method_uses(tmp_
     sampled = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
     base = [r for r in sampled if r["method"] == "autoregressive"]
     assert {r["accept"] for r in base} == {"exact"}
+
+
+def test_many_methods_run_interleaved_in_one_folder_with_their_own_budgets(tmp_path):
+    overrides = [*FAST, "eval.first_turn_only=true", "eval.latency_profile=false",
+                 "methods=[pld,{method:pld,label:pld-3,overrides:['tree.budget=3']}]"]
+    summary = eval_task.run(compose_cfg(overrides, tmp_path), overrides)
+    records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
+    assert [r["method"] for r in records[:3]] == ["autoregressive", "pld", "pld-3"]  # per prompt, back to back
+    assert max(max(r["tree_sizes"]) for r in records if r["method"] == "pld-3") <= 3
+    assert max(max(r["tree_sizes"]) for r in records if r["method"] == "pld") > 3
+    table = summary.set_index("method")
+    assert list(table.index) == ["autoregressive", "pld", "pld-3"]
+    assert (table["lossless_match"] == 1.0).all()
+    for label in ("pld", "pld-3"):  # the paired interval holds the paired mean
+        assert table.loc[label, "speedup_ci_low"] <= table.loc[label, "speedup_paired"] <= table.loc[
+            label, "speedup_ci_high"]
+    assert table.loc["pld", "settings_hash"] != table.loc["pld-3", "settings_hash"]
+
+
+def test_every_record_and_summary_row_says_where_it_came_from(tmp_path):
+    summary = eval_task.run(compose_cfg([*FAST, "eval.num_prompts=1", "eval.latency_profile=false",
+                                         "eval.memory_probe=true"], tmp_path))
+    record = json.loads((tmp_path / "records.jsonl").read_text().splitlines()[0])
+    row = pd.read_csv(tmp_path / "summary.csv").iloc[0]
+    for key in ("model", "dtype", "hw", "dataset", "cpu_model", "cpu_capability", "threads", "torch_version",
+                "transformers_version", "git_commit", "settings_hash"):
+        assert key in record and key in row.index, key
+    assert record["model"] == "tiny_random" and record["dtype"] == "float32" and row["dataset"] == "mt_bench"
+    assert summary["method_mem_mb"].notna().all()
+
+
+def test_a_rerun_with_the_same_settings_resumes_and_decodes_nothing(tmp_path, monkeypatch):
+    cfg = compose_cfg([*FAST, "eval.latency_profile=false"], tmp_path)
+    eval_task.run(cfg)
+    before = (tmp_path / "records.jsonl").read_text()
+    monkeypatch.setattr(Decoder, "generate", lambda *a: pytest.fail("a finished prompt was decoded again"))
+    eval_task.run(cfg)
+    assert (tmp_path / "records.jsonl").read_text() == before
+
+
+def test_a_rerun_with_other_settings_into_the_same_folder_is_refused_naming_the_key(tmp_path):
+    eval_task.run(compose_cfg([*FAST, "eval.num_prompts=1", "eval.latency_profile=false"], tmp_path))
+    with pytest.raises(SpecbenchError, match=r"eval\.max_new_tokens: 24 -> 16.*new timestamped folder"):
+        eval_task.run(compose_cfg([*FAST, "eval.num_prompts=1", "eval.max_new_tokens=16"], tmp_path))
+    with pytest.raises(SpecbenchError, match=r"methods\[pld\]\.tree\.budget: 11 -> 5"):
+        eval_task.run(compose_cfg([*FAST, "eval.num_prompts=1", "tree.budget=5"], tmp_path))
+    # more prompts, or another method, with the same settings: allowed
+    eval_task.run(compose_cfg([*FAST, "eval.num_prompts=2", "eval.latency_profile=false"], tmp_path))
+
+
+def test_a_tree_the_method_would_ignore_is_an_error(tmp_path):
+    with pytest.raises(SpecbenchError, match="tree=dynamic does not apply.*tree=native"):
+        eval_task.run(compose_cfg([*FAST, "method=pld", "tree=dynamic"], tmp_path))
+
+
+def test_paired_speedup_and_its_interval_from_hand_made_records():
+    def rows(method, times):
+        return [{"method": method, "question_id": str(i), "turn": 0, "new_tokens": 10, "wall_time": t}
+                for i, t in enumerate(times)]
+
+    base = pd.DataFrame(rows("autoregressive", [1.0, 2.0, 1.0, 4.0]))
+    grp = pd.DataFrame(rows("m", [0.5, 2.0, 0.5, 2.0]))  # per-prompt speedups 2, 1, 2, 2
+    out = paired_speedup(grp, base)
+    assert out["speedup_paired"] == pytest.approx(1.75) and out["paired_prompts"] == 4
+    assert 1.0 <= out["speedup_ci_low"] <= 1.75 <= out["speedup_ci_high"] <= 2.0
+    ratio_of_means = (40 / 5.0) / (40 / 8.0)  # Spec-Bench's: total tokens over total time
+    assert ratio_of_means == pytest.approx(1.6) != out["speedup_paired"]

@@ -1,4 +1,6 @@
-"""Prompt datasets in MT-Bench/Spec-Bench form: {question_id, category, turns: [...]}; only the first turn is decoded.
+"""Prompt datasets in MT-Bench/Spec-Bench form: {question_id, category, turns: [...]}.
+
+Multi-turn prompts are decoded as Spec-Bench does: turn k+1 is asked after the method's own answers to turns 1..k.
 
 Every dataset is read from a file shipped inside an installed package (found without importing it) or a path the
 user gives; nothing is fetched at run time.
@@ -129,11 +131,24 @@ def load_dataset(name: str, source: str, path: str | None = None, num_prompts: i
 SOURCES = {"mt_bench": mt_bench, "humaneval": humaneval, "sharegpt": sharegpt, "jsonl": None}
 
 
-def encode_prompt(tokenizer, prompt: Prompt, chat_template: bool = True) -> list[int]:
-    """First turn as a user message through the model's chat template (plain text when it has none)."""
-    text = prompt.turns[0]
+def encode_conversation(tokenizer, turns: list[str] | tuple[str, ...], answers: list[str],
+                        chat_template: bool = True) -> list[int]:
+    """User turns 1..k with the assistant's answers to the first k-1, ready for the k-th answer: through the model's
+    chat template, or as plain text joined by blank lines when it has none (base models)."""
+    if len(answers) != len(turns) - 1:
+        raise ValueError(f"{len(turns)} turns need {len(turns) - 1} answers, got {len(answers)}")
     if chat_template and getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                            tokenize=True, return_dict=False)
-        return list(ids)
-    return tokenizer(text)["input_ids"]
+        messages = []
+        for k, text in enumerate(turns):
+            messages.append({"role": "user", "content": text})
+            if k < len(answers):
+                messages.append({"role": "assistant", "content": answers[k]})
+        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                  return_dict=False))
+    parts = [x for pair in zip(turns, answers + [None]) for x in pair if x is not None]
+    return tokenizer("\n\n".join(parts))["input_ids"]
+
+
+def encode_prompt(tokenizer, prompt: Prompt, chat_template: bool = True) -> list[int]:
+    """The first turn alone (training data, calibration)."""
+    return encode_conversation(tokenizer, prompt.turns[:1], [], chat_template)

@@ -53,6 +53,10 @@ class Drafter(ABC):
         """Optional non-vocabulary inputs to attach to the tree in the verify forward: (embeds, parent node ids)."""
         return None
 
+    def cache_bytes(self) -> int:
+        """Bytes of the drafter's own KV cache or state (a draft model's cache), for per-method memory."""
+        return 0
+
     def parameters_bytes(self) -> tuple[int, int]:
         """(parameters, bytes) the drafter adds on top of the target; 0 for training-free drafters."""
         return 0, 0

@@ -25,7 +25,7 @@ from specbench.models.early_exit import early_exit
 from specbench.models.loading import LoadedModel
 from specbench.trees.policy import GrowingTree, TreePolicy
 from specbench.trees.token_tree import TokenTree
-from specbench.verification import commit_path
+from specbench.verification import cache_bytes, commit_path
 
 
 def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:
@@ -126,6 +126,9 @@ class DraftModelDrafter(Drafter):
                 break
             kept.append(self._slots[node] - self._committed)
         commit_path(self.cache, self._committed, kept)
+
+    def cache_bytes(self) -> int:
+        return cache_bytes(self.cache)
 
     def parameters_bytes(self) -> tuple[int, int]:
         """The draft's own weights: those it shares with the target (early exit, distilled embeddings) are free."""

@@ -1,27 +1,29 @@
-"""The Evaluator runs the autoregressive baseline and the method on the same prompts, in the same process and
-dtype, appends one record per prompt and method, and turns the records into the run's summary, plots and logs."""
+"""The Evaluator decodes every prompt with the autoregressive baseline and each method back to back, in one process
+and dtype, so a method's time on a prompt is compared with the baseline's on the same prompt under the same machine
+load. It appends one record per prompt, turn and method, and the records become the run's summary, plots and logs.
+"""
 
 from __future__ import annotations
 
-import resource
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-import torch
 from tqdm import tqdm
 
 from specbench.acceptance.base import AcceptanceRule
 from specbench.acceptance.exact import ExactAcceptance
-from specbench.sampling import SamplingParams
-from specbench.data.prompts import PromptDataset, encode_prompt
+from specbench.data.prompts import Prompt, PromptDataset, encode_conversation
 from specbench.decoding import Decoder, Generation
 from specbench.drafters.autoregressive import AutoregressiveDrafter
 from specbench.drafters.base import Drafter
 from specbench.errors import SpecbenchError
-from specbench.evaluation.metrics import BASELINE
+from specbench.evaluation.memory import peak_allocated_bytes
+from specbench.evaluation.metrics import BASELINE, decoded
 from specbench.models.loading import LoadedModel
 from specbench.reporting.store import RecordStore
+from specbench.sampling import SamplingParams
 
 
 @dataclass
@@ -31,78 +33,132 @@ class EvalSettings:
     warmup: int = 1
     chat_template: bool = True
     baseline: bool = True  # run autoregressive decoding on the same prompts (needed for speedup and lossless match)
+    first_turn_only: bool = False  # multi-turn prompts (MT-Bench): decode turn 1 only
+    memory_probe: bool = True  # measure each method's peak allocation once, on a short untimed generation
+
+    def __post_init__(self) -> None:
+        for key, low in (("max_new_tokens", 1), ("warmup", 0)):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise SpecbenchError(f"eval.{key}={value!r} is invalid: it must be an integer >= {low}")
+
+
+@dataclass
+class MethodRun:
+    label: str  # the method's name in records and summaries
+    drafter: Drafter
+    acceptance: AcceptanceRule
+    settings_hash: str = ""
+    method_name: str = ""  # the method config behind the label
 
 
 class Evaluator:
-    def __init__(self, target: LoadedModel, method: str, drafter: Drafter, acceptance: AcceptanceRule,
-                 sampling: SamplingParams, dataset: PromptDataset, settings: EvalSettings, run_dir: str | Path) -> None:
-        self.target, self.method, self.drafter = target, method, drafter
-        self.acceptance, self.sampling, self.dataset, self.settings = acceptance, sampling, dataset, settings
+    def __init__(self, target: LoadedModel, runs: list[MethodRun], sampling: SamplingParams, dataset: PromptDataset,
+                 settings: EvalSettings, run_dir: str | Path, provenance: dict | None = None,
+                 baseline_hash: str = "") -> None:
+        self.target, self.sampling, self.dataset, self.settings = target, sampling, dataset, settings
+        self.provenance = provenance or {}
+        if settings.baseline and BASELINE not in {r.label for r in runs}:
+            # the baseline samples from the target itself: a lossy rule (typical's greedy root) must not leak in
+            runs = [MethodRun(BASELINE, AutoregressiveDrafter(), ExactAcceptance(), baseline_hash, BASELINE), *runs]
+        self.runs = runs
         self.run_dir = Path(run_dir)
         self.store = RecordStore(self.run_dir / "records.jsonl")
+        self.memory_path = self.run_dir / "memory.json"
 
-    def _decoder(self, drafter: Drafter, acceptance: AcceptanceRule) -> Decoder:
-        return Decoder(self.target.model, drafter, acceptance, self.sampling, self.settings.max_new_tokens,
+    def _decoder(self, run: MethodRun) -> Decoder:
+        return Decoder(self.target.model, run.drafter, run.acceptance, self.sampling, self.settings.max_new_tokens,
                        self.target.eos_token_ids, seed=self.settings.seed, max_context=self.target.max_context)
 
+    def _turns(self, prompt: Prompt) -> int:
+        return 1 if self.settings.first_turn_only else len(prompt.turns)
+
     def run(self) -> pd.DataFrame:
-        """Decode every prompt not yet in records.jsonl; return the records of the whole run folder."""
-        encoded = [(p, encode_prompt(self.target.tokenizer, p, self.settings.chat_template)) for p in self.dataset]
-        for p, ids in encoded:  # fail before spending minutes on the prompts that do fit
-            if len(ids) >= self.target.max_context:
-                raise SpecbenchError(f"prompt {p.question_id} has {len(ids)} tokens, more than the model's context "
-                                     f"of {self.target.max_context}; drop it from the dataset or raise the context")
-        runs = [(self.method, self.drafter, self.acceptance)]
-        if self.settings.baseline and self.method != BASELINE:
-            # the baseline samples from the target itself: a lossy rule (typical's greedy first token) must not leak in
-            runs.insert(0, (BASELINE, AutoregressiveDrafter(), ExactAcceptance()))
-        decoders = [(name, self._decoder(d, rule), d) for name, d, rule in runs]
-        todo = [(p, ids) for p, ids in encoded if any(not self.store.has(n, p.question_id) for n, _, _ in decoders)]
+        """Decode every (prompt, turn, method) not yet in records.jsonl; return the records of the whole folder."""
+        decoders = [(run, self._decoder(run)) for run in self.runs]
+        todo = [p for p in self.dataset
+                if any(not self.store.has(r.label, p.question_id, t) for r in self.runs for t in range(self._turns(p)))]
         if todo:
-            self._warmup(decoders, todo[0][1])
-        bar = tqdm(todo, desc=f"{self.method} on {self.dataset.name}", unit="prompt", dynamic_ncols=True)
-        for prompt, ids in bar:
-            for name, decoder, drafter in decoders:
-                if self.store.has(name, prompt.question_id):
-                    continue
-                gen = decoder.generate(ids)
-                self.store.append(self._record(name, drafter, decoder.acceptance, prompt, gen))
+            first = self._ids(todo[0], [])
+            if len(first) < self.target.max_context - 1:
+                self._warmup(decoders, first)
+                self._probe_memory(decoders, first)
+        bar = tqdm(todo, desc=f"{len(self.runs)} methods on {self.dataset.name}", unit="prompt", dynamic_ncols=True)
+        for prompt in bar:
+            for run, decoder in decoders:  # interleaved: every method meets the same machine state per prompt
+                self._conversation(run, decoder, prompt)
             bar.set_postfix_str(self._postfix())
         return self.store.frame()
+
+    def _ids(self, prompt: Prompt, answers: list[str]) -> list[int]:
+        turns = prompt.turns[: len(answers) + 1]
+        return encode_conversation(self.target.tokenizer, turns, answers, self.settings.chat_template)
+
+    def _conversation(self, run: MethodRun, decoder: Decoder, prompt: Prompt) -> None:
+        """Turn k is asked after this method's own answers to the earlier turns (Spec-Bench's multi-turn MT-Bench)."""
+        answers: list[str] = []
+        for turn in range(self._turns(prompt)):
+            done = self.store.get(run.label, prompt.question_id, turn)
+            if done is None:
+                ids = self._ids(prompt, answers)
+                if len(ids) >= self.target.max_context - 1:  # no room to answer: counted, not fatal
+                    done = self._append(run, prompt, turn, {"skipped": True, "prompt_len": len(ids)})
+                else:
+                    done = self._append(run, prompt, turn, self._fields(run, decoder.generate(ids)))
+            if done.get("skipped"):
+                return  # a later turn would need this one's answer
+            answers.append(self.target.tokenizer.decode(done["output_ids"], skip_special_tokens=True))
+
+    def _append(self, run: MethodRun, prompt: Prompt, turn: int, fields: dict) -> dict:
+        record = {"method": run.label, "method_name": run.method_name, "question_id": prompt.question_id,
+                  "turn": turn, "category": prompt.category, **fields, "settings_hash": run.settings_hash,
+                  **self.provenance}
+        self.store.append(record)
+        return record
 
     def _warmup(self, decoders, ids: list[int]) -> None:
         """Untimed generations first, so one-time costs (allocator, kernels, caches) do not land on the first prompt."""
         for _ in range(self.settings.warmup):
-            for _, decoder, _ in decoders:
-                limit, decoder.max_new_tokens = decoder.max_new_tokens, min(16, decoder.max_new_tokens)
-                decoder.generate(ids)
-                decoder.max_new_tokens = limit
+            for _, decoder in decoders:
+                self._short(decoder, ids)
 
-    def _record(self, name: str, drafter: Drafter, rule: AcceptanceRule, prompt, gen: Generation) -> dict:
-        params, nbytes = drafter.parameters_bytes()
+    def _probe_memory(self, decoders, ids: list[int]) -> None:
+        """Each method's peak allocation during a short generation (KV caches and activations; weights apart)."""
+        if not self.settings.memory_probe:
+            return
+        known = json.loads(self.memory_path.read_text()) if self.memory_path.exists() else {}
+        for run, decoder in decoders:
+            if run.label not in known:
+                known[run.label] = peak_allocated_bytes(lambda d=decoder: self._short(d, ids), self.target.model.device)
+        self.memory_path.parent.mkdir(parents=True, exist_ok=True)
+        self.memory_path.write_text(json.dumps(known, indent=1))
+
+    @staticmethod
+    def _short(decoder: Decoder, ids: list[int]) -> Generation:
+        limit, decoder.max_new_tokens = decoder.max_new_tokens, min(16, decoder.max_new_tokens)
+        try:
+            return decoder.generate(ids)
+        finally:
+            decoder.max_new_tokens = limit
+
+    def memory(self) -> dict[str, int]:
+        return json.loads(self.memory_path.read_text()) if self.memory_path.exists() else {}
+
+    def _fields(self, run: MethodRun, gen: Generation) -> dict:
+        params, nbytes = run.drafter.parameters_bytes()
         return {
-            "method": name, "question_id": prompt.question_id, "category": prompt.category,
             "prompt_len": gen.prompt_len, "new_tokens": len(gen.tokens), "steps": len(gen.steps),
             "wall_time": gen.wall_time, "prefill_time": gen.prefill_time,
             "draft_time": sum(s.draft_time for s in gen.steps), "verify_time": sum(s.verify_time for s in gen.steps),
             "accept_lengths": gen.accept_lengths, "tree_sizes": [s.tree_size for s in gen.steps],
             "tree_depths": [s.tree_depth for s in gen.steps],
             "framework_times": [round(s.step_time - s.draft_time - s.verify_time, 7) for s in gen.steps],
-            "output_ids": gen.tokens, "kv_cache_bytes": gen.kv_cache_bytes,
-            "peak_mem_mb": peak_memory_mb(self.target.model.device), "drafter_params": params,
-            "drafter_bytes": nbytes, "accept": rule.name, "lossless_rule": rule.lossless,
+            "output_ids": gen.tokens, "kv_peak_bytes": gen.kv_peak_bytes, "drafter_params": params,
+            "drafter_bytes": nbytes, "accept": run.acceptance.name, "lossless_rule": run.acceptance.lossless,
             "temperature": self.sampling.temperature, "token_logprobs": [round(x, 5) for x in gen.token_logprobs],
         }
 
     def _postfix(self) -> str:
-        frame = self.store.frame()
-        parts = []
-        for name, grp in frame.groupby("method", sort=False):
-            parts.append(f"{name} {grp['new_tokens'].sum() / grp['wall_time'].sum():.1f} tok/s")
-        return ", ".join(parts)
-
-
-def peak_memory_mb(device: torch.device) -> float:
-    if device.type == "cuda":
-        return torch.cuda.max_memory_allocated(device) / 2**20
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+        frame = decoded(self.store.frame())
+        return ", ".join(f"{name} {grp['new_tokens'].sum() / grp['wall_time'].sum():.1f} tok/s"
+                         for name, grp in frame.groupby("method", sort=False))

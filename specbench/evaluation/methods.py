@@ -1,14 +1,100 @@
-"""Building a method's drafter from its config, and checking that the run's tree policy is one it uses."""
+"""The methods of one evaluation: each entry of `methods=[...]` (or the single `method=`) composed into its own
+method/tree/accept config, and its drafter built with a check that the tree policy is one it uses.
+
+An entry is a method config name (`pld`) or a mapping `{method: medusa, overrides: [tree.budget=8], label: medusa-8}`.
+Entries are composed with Hydra's compose API on top of the run's own overrides, so a method config's defaults (its
+tree policy and budget) and the run's `tree=`/`accept=` choices resolve exactly as they would for `method=NAME`.
+"""
 
 from __future__ import annotations
 
-from hydra.utils import get_class
+from contextlib import nullcontext
+from dataclasses import dataclass
 
-from specbench.config import build
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import HydraException
+from hydra.utils import get_class
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from specbench.config import CONF_DIR, build
 from specbench.drafters.base import Drafter
 from specbench.errors import SpecbenchError
 from specbench.models.loading import LoadedModel
 from specbench.trees.policy import TreePolicy
+
+PER_METHOD = ("method", "tree", "accept")  # the config nodes an entry owns; everything else is the run's
+
+
+@dataclass
+class MethodEntry:
+    label: str  # the name in records and summaries; unique within a run
+    cfg: DictConfig  # the run's config with this entry's method, tree and accept
+
+    @property
+    def name(self) -> str:
+        return self.cfg.method.name
+
+    def settings(self) -> dict:
+        """What of this entry changes results (training recipes do not)."""
+        out = {k: OmegaConf.to_container(self.cfg[k], resolve=True) for k in PER_METHOD}
+        out["method"].pop("train", None)
+        return out
+
+
+def method_options() -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / "method").glob("*.yaml"))
+
+
+def _parse(entry) -> tuple[str, list[str], str | None]:
+    if isinstance(entry, str):
+        return entry, [], None
+    if isinstance(entry, (dict, DictConfig)) and "method" in entry and set(entry) <= {"method", "overrides", "label"}:
+        overrides = entry.get("overrides") or []
+        if isinstance(overrides, str) or not all(isinstance(o, str) for o in overrides):
+            raise SpecbenchError(f"methods entry {OmegaConf.to_container(entry) if isinstance(entry, DictConfig) else entry}"
+                                 f" has invalid overrides: give a list of strings such as [tree.budget=8]")
+        return str(entry["method"]), list(overrides), entry.get("label")
+    shown = OmegaConf.to_container(entry) if isinstance(entry, (DictConfig, ListConfig)) else entry
+    raise SpecbenchError(f"methods entry {shown!r} is invalid: give a method name (pld) or a mapping "
+                         f"{{method: NAME, overrides: [key=value, ...], label: NAME}}")
+
+
+def resolve_entries(cfg: DictConfig, run_overrides: list[str] = ()) -> list[MethodEntry]:
+    """The run's methods in order: `methods` when set, else the single `method`."""
+    methods = cfg.get("methods")
+    if methods is None:
+        return [MethodEntry(cfg.method.name, cfg)]
+    if not isinstance(methods, ListConfig) or len(methods) == 0:
+        raise SpecbenchError(f"methods={methods!r} is invalid: give a non-empty list such as [pld,medusa,ppd]")
+    base = [o for o in run_overrides if not o.split("=", 1)[0].lstrip("+~") in ("method", "methods")]
+    entries, known = [], method_options()
+    for raw in methods:
+        name, overrides, label = _parse(raw)
+        if name not in known:
+            raise SpecbenchError(f"methods entry '{name}' is not a method config; valid: {', '.join(known)}")
+        label = label or (name if not overrides else f"{name}[{','.join(overrides)}]")
+        if label in {e.label for e in entries}:
+            raise SpecbenchError(f"methods lists '{label}' twice; give each entry its own label (label: NAME)")
+        composed = _compose([*base, f"method={name}", *overrides])
+        merged = cfg.copy()
+        for key in PER_METHOD:
+            merged[key] = composed[key]
+        merged.methods = None
+        entries.append(MethodEntry(label, merged))
+    return entries
+
+
+def _compose(overrides: list[str]) -> DictConfig:
+    """compose() inside a running Hydra app reuses its search path; elsewhere (tests, notebooks) it opens ours."""
+    context = nullcontext() if GlobalHydra.instance().is_initialized() else initialize_config_dir(
+        config_dir=str(CONF_DIR), version_base="1.3")
+    try:
+        with context:
+            return compose(config_name="config", overrides=overrides)
+    except HydraException as exc:
+        raise SpecbenchError(f"methods entry with overrides {overrides} does not compose: "
+                             f"{str(exc).splitlines()[0]}") from exc
 
 
 def drafter_class(drafter_cfg) -> type[Drafter]:
@@ -17,6 +103,11 @@ def drafter_class(drafter_cfg) -> type[Drafter]:
 
 def build_drafter(drafter_cfg, target: LoadedModel, tree: TreePolicy) -> Drafter:
     """cls(target=..., tree=..., **config): a tree the method would ignore is an error, not silence."""
+    check_tree(drafter_cfg, tree)
+    return build(drafter_cfg, target=target, tree=tree)
+
+
+def check_tree(drafter_cfg, tree: TreePolicy) -> None:
     cls = drafter_class(drafter_cfg)
     if tree.name not in cls.tree_policies:
         own = cls.tree_policies == ("native",)
@@ -24,4 +115,4 @@ def build_drafter(drafter_cfg, target: LoadedModel, tree: TreePolicy) -> Drafter
             f"tree={tree.name} does not apply to drafter {cls.__name__}: "
             + ("it builds its own tree, so use tree=native (tree.budget sets its size)" if own else
                f"valid trees: {', '.join(cls.tree_policies)}"))
-    return build(drafter_cfg, target=target, tree=tree)
+

@@ -1,9 +1,11 @@
-"""Every metric of ARCHITECTURE.md, defined once, computed from records.jsonl rows (one per prompt and method).
+"""Every metric, defined once, computed from records.jsonl rows (one per prompt, turn and method).
 
 tau: decode-phase new tokens / target forward steps, bonus included (AR = 1.00). tokens/s: new tokens / wall time,
-prefill included (Spec-Bench) and decode-only. speedup: method tokens/s / baseline tokens/s on the same prompts.
-overhead: mean step latency / mean AR step latency (Medusa). ideal speedup: tau * L(1) / L(n) with L from the
-latency profile (or from measured step times when there is none); efficiency = speedup / ideal.
+prefill included (Spec-Bench) and decode-only. speedup: Spec-Bench's ratio of means, method tokens/s over baseline
+tokens/s on the same prompts; speedup_paired: the mean over prompts of each prompt's own ratio, with a 95% BCa
+bootstrap interval over prompts (scipy). overhead: mean step latency / mean AR step latency (Medusa). ideal speedup:
+tau * L(1) / L(n) with L from the latency profile (or from measured step times when there is none); efficiency =
+speedup / ideal.
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ import math
 
 import numpy as np
 import pandas as pd
+from scipy import stats
+
+from specbench.errors import SpecbenchError
 
 BASELINE = "autoregressive"
 
@@ -36,9 +41,46 @@ def latency_at(profile: pd.DataFrame | None, n: float) -> float | None:
     return float(np.interp(n, profile["tokens"], profile["ms"]))
 
 
+PROVENANCE = ["model", "dtype", "hw", "dataset", "cpu_model", "cpu_capability", "threads", "gpu_name", "torch_version",
+              "transformers_version", "git_commit", "settings_hash"]
+
+
+def paired_speedup(grp: pd.DataFrame, base: pd.DataFrame, seed: int = 0) -> dict:
+    """Per prompt and turn, the method's tokens/s over the baseline's on that prompt: mean and 95% BCa bootstrap CI."""
+    key = ["question_id", "turn"]
+    rate = lambda g: g.assign(rate=g["new_tokens"] / g["wall_time"]).set_index(key)["rate"]  # noqa: E731
+    ratios = (rate(grp) / rate(base)).dropna().to_numpy()
+    out = {"speedup_paired": float(ratios.mean()) if len(ratios) else math.nan, "speedup_ci_low": math.nan,
+           "speedup_ci_high": math.nan, "paired_prompts": len(ratios)}
+    if len(ratios) >= 2:
+        if np.ptp(ratios) == 0:
+            out["speedup_ci_low"] = out["speedup_ci_high"] = float(ratios[0])
+        else:
+            ci = stats.bootstrap((ratios,), np.mean, confidence_level=0.95, n_resamples=2000, method="BCa",
+                                 random_state=seed).confidence_interval
+            out["speedup_ci_low"], out["speedup_ci_high"] = float(ci.low), float(ci.high)
+    return out
+
+
+def decoded(records: pd.DataFrame) -> pd.DataFrame:
+    """The records of decoded prompts: skipped ones (no room in the context) are only counted."""
+    records = records.assign(turn=records["turn"] if "turn" in records else 0)
+    if "skipped" not in records:
+        return records
+    return records[~records["skipped"].fillna(False).astype(bool)]
+
+
 def summarize(records: pd.DataFrame, latency_profile: pd.DataFrame | None = None,
-              projected_step: "callable | None" = None) -> pd.DataFrame:
-    """One row per method. projected_step(n_tokens, context) -> seconds from the hardware roofline model."""
+              projected_step: "callable | None" = None, memory: dict[str, int] | None = None) -> pd.DataFrame:
+    """One row per method. projected_step(n_tokens, context) -> seconds from the hardware roofline model; memory:
+    each method's measured peak allocation in bytes (evaluation.memory)."""
+    kept = decoded(records)
+    skipped_by_method = records.drop(kept.index).groupby("method").size().to_dict()
+    records = kept
+    if records.empty:
+        raise SpecbenchError("every prompt was skipped: each is longer than the model's context; give shorter "
+                             "prompts or a model with a longer context")
+    memory = memory or {}
     base = records[records["method"] == BASELINE]
     base_tps = _tokens_per_s(base)
     base_step = _mean_step(base)
@@ -74,13 +116,17 @@ def summarize(records: pd.DataFrame, latency_profile: pd.DataFrame | None = None
             "framework_ms_per_step": 1e3 * float(np.median(np.concatenate([np.asarray(f) for f in grp["framework_times"]])))
             if steps else math.nan,
             "lossless_match": _lossless_match(grp, base),
-            "peak_mem_mb": grp["peak_mem_mb"].max(),
-            "kv_cache_mb": grp["kv_cache_bytes"].mean() / 2**20,
             "drafter_params": int(grp["drafter_params"].iloc[0]),
             "drafter_mb": grp["drafter_bytes"].iloc[0] / 2**20,
+            "kv_peak_mb": grp["kv_peak_bytes"].max() / 2**20,
+            "peak_alloc_mb": memory[method] / 2**20 if method in memory else math.nan,
+            "method_mem_mb": (grp["drafter_bytes"].iloc[0] + memory[method]) / 2**20 if method in memory else math.nan,
             "lossless_rule": bool(grp["lossless_rule"].iloc[0]),
             "per_depth_acceptance": per_depth_acceptance(grp),
+            "skipped_prompts": int(skipped_by_method.get(method, 0)),
+            **paired_speedup(grp, base),
             **_distribution_check(grp, base),
+            **{k: grp[k].iloc[0] for k in PROVENANCE if k in grp},
         })
     return pd.DataFrame(rows)
 
@@ -118,6 +164,6 @@ def _lossless_match(grp: pd.DataFrame, base: pd.DataFrame) -> float:
     sampling: outputs then differ by design and the distribution check applies instead)."""
     if base.empty or not grp["lossless_rule"].iloc[0] or grp["temperature"].iloc[0] > 0:
         return math.nan
-    ref = dict(zip(base["question_id"], base["output_ids"]))
-    pairs = [(out, ref[q]) for q, out in zip(grp["question_id"], grp["output_ids"]) if q in ref]
+    ref = dict(zip(zip(base["question_id"], base["turn"]), base["output_ids"]))
+    pairs = [(out, ref[k]) for k, out in zip(zip(grp["question_id"], grp["turn"]), grp["output_ids"]) if k in ref]
     return float(np.mean([a == b for a, b in pairs])) if pairs else math.nan

@@ -11,7 +11,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 SCALARS = ["tau", "tokens_per_s", "decode_tokens_per_s", "speedup", "overhead", "ideal_speedup", "efficiency",
-           "projected_speedup", "lossless_match", "peak_mem_mb", "framework_ms_per_step"]
+           "projected_speedup", "lossless_match", "method_mem_mb", "framework_ms_per_step", "speedup_paired"]
 
 
 def log_run(logger, cfg: DictConfig, summary: pd.DataFrame, plots: list[Path]) -> None:

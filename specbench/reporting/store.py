@@ -1,4 +1,5 @@
-"""records.jsonl: one line per prompt and method, flushed at once, so a killed run loses nothing and a rerun resumes."""
+"""records.jsonl: one line per prompt, turn and method, flushed at once, so a killed run loses nothing and a rerun
+resumes where it stopped."""
 
 from __future__ import annotations
 
@@ -9,11 +10,15 @@ from pathlib import Path
 import pandas as pd
 
 
+def record_key(record: dict) -> tuple[str, str, int]:
+    return record["method"], str(record["question_id"]), int(record.get("turn", 0))
+
+
 class RecordStore:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.rows: list[dict] = []
-        self._done: set[tuple[str, str]] = set()
+        self._done: dict[tuple[str, str, int], dict] = {}
         if self.path.exists():
             self._load()
 
@@ -26,10 +31,13 @@ class RecordStore:
                 if i != len(lines) - 1:  # only the last line can be cut by a kill; anything else is corruption
                     raise
                 self.path.write_text("".join(l + "\n" for l in lines[:-1]), encoding="utf-8")
-        self._done = {(r["method"], str(r["question_id"])) for r in self.rows}
+        self._done = {record_key(r): r for r in self.rows}
 
-    def has(self, method: str, question_id: str) -> bool:
-        return (method, str(question_id)) in self._done
+    def get(self, method: str, question_id: str, turn: int = 0) -> dict | None:
+        return self._done.get((method, str(question_id), turn))
+
+    def has(self, method: str, question_id: str, turn: int = 0) -> bool:
+        return (method, str(question_id), turn) in self._done
 
     def append(self, record: dict) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -38,7 +46,7 @@ class RecordStore:
             fh.flush()
             os.fsync(fh.fileno())
         self.rows.append(record)
-        self._done.add((record["method"], str(record["question_id"])))
+        self._done[record_key(record)] = record
 
     def frame(self) -> pd.DataFrame:
         return pd.DataFrame(self.rows)

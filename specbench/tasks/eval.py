@@ -1,4 +1,8 @@
-"""task=eval: baseline and method on the dataset -> records.jsonl, summary.{json,csv}, plots/, logger files."""
+"""task=eval: the baseline and every listed method on the dataset, interleaved per prompt -> records.jsonl,
+summary.{json,csv}, plots/, logger files.
+
+Settings are validated, and the run folder's settings checked, before any dataset or model is loaded.
+"""
 
 from __future__ import annotations
 
@@ -6,41 +10,60 @@ import json
 from functools import partial
 
 import pandas as pd
+from hydra.core.hydra_config import HydraConfig
 
-from specbench.sampling import SamplingParams
 from specbench.config import build
-from specbench.evaluation.evaluator import EvalSettings, Evaluator
-from specbench.evaluation.methods import build_drafter
-from specbench.evaluation.metrics import summarize
+from specbench.evaluation.evaluator import EvalSettings, Evaluator, MethodRun
+from specbench.evaluation.methods import build_drafter, check_tree, resolve_entries
+from specbench.evaluation.metrics import BASELINE, decoded, summarize
+from specbench.evaluation.provenance import check_and_save_settings, provenance, settings_hash, shared_settings
 from specbench.hardware.profiler import latency_profile
 from specbench.hardware.roofline import ModelShape, roofline_step_time
+from specbench.models.loading import torch_dtype
 from specbench.reporting.loggers import log_run
 from specbench.reporting.plots import save_plots
+from specbench.sampling import SamplingParams
 from specbench.tasks._common import run_dir, setup_target
 
-TABLE = ["method", "tau", "tokens_per_s", "speedup", "overhead", "ideal_speedup", "projected_speedup",
-         "lossless_match", "peak_mem_mb", "num_prompts"]
+TABLE = ["method", "tau", "tokens_per_s", "speedup", "speedup_paired", "speedup_ci_low", "speedup_ci_high",
+         "ideal_speedup", "projected_speedup", "lossless_match", "method_mem_mb", "num_prompts"]
+BASELINE_SETTINGS = {"method": {"name": BASELINE}, "accept": {"name": "exact"}}
 
 
-def run(cfg) -> pd.DataFrame:
+def run(cfg, overrides: list[str] | None = None) -> pd.DataFrame:
+    """overrides: the command line's, which every `methods` entry is composed on (read from Hydra inside a run)."""
     out = run_dir(cfg)
-    out.mkdir(parents=True, exist_ok=True)
-    sampling = SamplingParams(**cfg.sampling)  # validate cheap inputs before loading anything heavy
+    settings = EvalSettings(max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.eval.seed, warmup=cfg.eval.warmup,
+                            baseline=cfg.eval.baseline, first_turn_only=cfg.eval.first_turn_only,
+                            memory_probe=cfg.eval.memory_probe)
+    torch_dtype(cfg.eval.dtype)
+    sampling = SamplingParams(**cfg.sampling)
+    if overrides is None and HydraConfig.initialized():
+        overrides = list(HydraConfig.get().overrides.task)
+    entries = resolve_entries(cfg, overrides or [])
+    trees = [build(e.cfg.tree) for e in entries]
+    for entry, tree in zip(entries, trees):
+        check_tree(entry.cfg.method.drafter, tree)
+    shared = shared_settings(cfg)
+    per_method = {e.label: e.settings() for e in entries} | {BASELINE: BASELINE_SETTINGS}
+    check_and_save_settings(out, shared, per_method)
+
     dataset = build(cfg.dataset)
     hw, target = setup_target(cfg)
-    tree = build(cfg.tree)
-    drafter = build_drafter(cfg.method.drafter, target, tree)
-    settings = EvalSettings(max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.eval.seed, warmup=cfg.eval.warmup,
-                            chat_template=target.chat_template, baseline=cfg.eval.baseline)
-    evaluator = Evaluator(target, cfg.method.name, drafter, build(cfg.accept), sampling, dataset, settings, out)
+    runs = [MethodRun(e.label, build_drafter(e.cfg.method.drafter, target, tree), build(e.cfg.accept),
+                      settings_hash(shared, per_method[e.label]), e.name) for e, tree in zip(entries, trees)]
+    settings.chat_template = target.chat_template
+    evaluator = Evaluator(target, runs, sampling, dataset, settings, out, provenance(cfg),
+                          settings_hash(shared, BASELINE_SETTINGS))
     records = evaluator.run()
 
     profile = _latency_profile(cfg, target, hw, out)
-    summary = summarize(records, profile, partial(roofline_step_time, ModelShape.of(target.model), hw))
+    summary = summarize(records, profile, partial(roofline_step_time, ModelShape.of(target.model), hw),
+                        evaluator.memory())
     _write_summary(summary, out)
-    plots = save_plots(records, summary, out / "plots", profile)
+    plots = save_plots(decoded(records), summary, out / "plots", profile)
     log_run(build(cfg.logger) if cfg.get("logger") else None, cfg, summary, plots)
-    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.precision", 3):
+    with pd.option_context("display.width", 250, "display.max_columns", 20, "display.precision", 3):
         print(summary[TABLE].to_string(index=False))
     print(f"run folder: {out}")
     return summary
