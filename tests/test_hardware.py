@@ -19,7 +19,7 @@ from specbench.hardware import ghidorah, llmcad, machine_profile
 from specbench.hardware.machine import fingerprint
 from specbench.hardware.machine_profile import MachineProfile, choose_dtype, load_or_measure_profile
 from specbench.hardware.roofline import (DrafterCost, ModelShape, op_costs, project, roofline_ops, roofline_step_time,
-                                         shape, sssd_free_budget)
+                                         named_shape, sssd_free_budget)
 from specbench.hardware.spec import HardwareSpec
 from tests.conftest import compose_cfg
 
@@ -181,21 +181,21 @@ def test_model_shape_of_the_tiny_model(tiny):
         cfg.intermediate_size, cfg.vocab_size, "float32")
     assert s.params == sum(p.numel() for p in tiny.model.parameters())
     with pytest.raises(SpecbenchError, match="model shape 'llama9' is unknown"):
-        shape("llama9")
+        named_shape("llama9")
 
 
 # --- projection and SSSD -----------------------------------------------------------------------------------------
 
 def test_projection_uses_the_boards_bytes_per_parameter():
     a100 = board("a100")
-    local_fp32 = shape("llama2_7b").with_dtype("float32")
+    local_fp32 = named_shape("llama2_7b").with_dtype("float32")
     got = project(local_fp32, a100, tau=2.5, tree_size=16)
     assert got["dtype"] == "float16"
     t1 = roofline_step_time(local_fp32, a100, 1, 256, dtype="float16")
     tn = roofline_step_time(local_fp32, a100, 16, 256, dtype="float16")
     assert got["projected_speedup"] == pytest.approx(2.5 * t1 / tn)
     assert got["projected_tokens_per_s"] == pytest.approx(2.5 / tn)
-    assert got == project(shape("llama2_7b"), a100, 2.5, 16)  # the local dtype does not matter
+    assert got == project(named_shape("llama2_7b"), a100, 2.5, 16)  # the local dtype does not matter
     # 7B fp16 plain decoding on an A100 is bound by reading 13.5 GB at 1935 GB/s: about 7 ms
     assert got["projected_ar_ms"] == pytest.approx(13.48e9 / 1935e9 * 1e3, rel=0.15)
     with pytest.raises(SpecbenchError, match="tau >= 1"):
@@ -207,12 +207,12 @@ def test_sssd_threshold_within_ten_percent_of_the_papers(hw_name, paper):
     """SSSD Sec. 3.2: 1 / (2 (1/h + 1/(2 b s_q))) = peak / bandwidth; about 435 for Llama-2-7B on the 910B4 (the
     paper's own figure) and 175 on the A100-80GB-PCIe (the same formula, ../shared/design/methods-medusa-sssd.md)."""
     hw = board(hw_name)
-    got = sssd_free_budget(shape("llama2_7b"), hw)
+    got = sssd_free_budget(named_shape("llama2_7b"), hw)
     ridge = {"ascend_910b4": 280e12 / 800e9, "a100": 312e12 / 1935e9}[hw_name]
     assert got["qkvo"] == pytest.approx(1 / (1 / ridge - 2 / 4096))
     assert abs(got["qkvo"] - paper) / paper < 0.10
     # the per-op roofline agrees: O's projection (h x h, Table 1) turns compute-bound at the threshold
-    o = {r: roofline_ops(shape("llama2_7b"), hw, r, 1024).set_index("op").at["o_proj", "bound"]
+    o = {r: roofline_ops(named_shape("llama2_7b"), hw, r, 1024).set_index("op").at["o_proj", "bound"]
          for r in (int(got["qkvo"]) - 2, int(got["qkvo"]) + 3)}
     assert list(o.values()) == ["memory", "compute"]
 
@@ -221,7 +221,7 @@ def test_sssd_threshold_within_ten_percent_of_the_papers(hw_name, paper):
 
 @pytest.mark.parametrize("dataset", ["mt_bench", "mbpp"])
 def test_ghidorah_hcmp_picks_a_smaller_width_than_gpu_only_on_jetson(dataset):
-    sweep = ghidorah.arca_search(shape("llama2_7b"), board("jetson"), ghidorah.GHIDORAH_TAU[dataset])
+    sweep = ghidorah.arca_search(named_shape("llama2_7b"), board("jetson"), ghidorah.GHIDORAH_TAU[dataset])
     split = ghidorah.speedup_split(sweep).set_index("partition")
     assert split.at["hcmp", "best_width"] < split.at["gpu_only", "best_width"]
     assert (split.at["gpu_only", "best_width"], split.at["hcmp", "best_width"]) == (64, 16)  # as the paper
@@ -233,17 +233,17 @@ def test_ghidorah_hcmp_picks_a_smaller_width_than_gpu_only_on_jetson(dataset):
 def test_ghidorah_bad_input_is_named():
     jetson = board("jetson")
     with pytest.raises(SpecbenchError, match="hw.partition='ring' is unknown"):
-        ghidorah.step_time(shape("llama2_7b"), jetson, 16, 256, "ring", 0.5)
+        ghidorah.step_time(named_shape("llama2_7b"), jetson, 16, 256, "ring", 0.5)
     with pytest.raises(SpecbenchError, match="widths in 1..64"):
-        ghidorah.arca_search(shape("llama2_7b"), jetson, {128: 4.0})
+        ghidorah.arca_search(named_shape("llama2_7b"), jetson, {128: 4.0})
     with pytest.raises(SpecbenchError, match=r"hw 'a100' has no gpu unit \(units: none\)"):
-        ghidorah.step_time(shape("llama2_7b"), board("a100"), 16, 256, "hcmp", 0.5)
+        ghidorah.step_time(named_shape("llama2_7b"), board("a100"), 16, 256, "hcmp", 0.5)
 
 
 # --- LLMCad ------------------------------------------------------------------------------------------------------
 
 def test_llmcad_streams_what_does_not_fit_in_the_budget():
-    jetson, target, draft = board("jetson"), shape("llama2_7b"), shape("tinyllama_1.1b")
+    jetson, target, draft = board("jetson"), named_shape("llama2_7b"), named_shape("tinyllama_1.1b")
     frame = llmcad.streaming_latency(target, draft, jetson, budget_gb=4, tau=2.5, draft_len=4)
     kv = sum(2 * s.layers * s.kv_heads * s.head_dim * 2 * 260 for s in (target, draft))
     streamed = target.weight_bytes - (4e9 - draft.weight_bytes - kv)
@@ -272,6 +272,8 @@ def test_latency_is_interpolated_in_n_and_context():
     assert p.latency_ms("float32", 4, 128) == pytest.approx(50 + 8 + 1.28)  # between measured sizes
     assert p.latency_ms("float32", 8, 576) == pytest.approx(50 + 16 + 5.76)  # between contexts
     assert p.latency_ms("float32", 64, 2048) == pytest.approx(50 + 128 + 20.48)  # extrapolated linearly
+    curve = p.curve("bfloat16", 128)
+    assert list(curve["tokens"]) == [1, 8, 32] and list(curve["ms"]) == pytest.approx([31.28, 101.28, 341.28])
     with pytest.raises(SpecbenchError, match="no dtype 'float16'; it has: float32, bfloat16"):
         p.latency_ms("float16", 1, 128)
 
@@ -286,6 +288,7 @@ def test_choose_dtype_minimises_the_verify_forward_and_names_the_fastest_plain_d
 
 
 def test_profile_is_measured_once_and_then_loaded(tiny, cache, monkeypatch):
+    monkeypatch.setattr(machine_profile, "measure_peaks", lambda device: FAKE_PEAKS)  # tested above, at small sizes
     profile = load_or_measure_profile(tiny, dtypes=["float32", "bfloat16"], sizes=[1, 4], contexts=[8, 16],
                                       repeats=1)
     assert set(profile.latency["dtype"]) == {"float32", "bfloat16"} and len(profile.latency) == 8
@@ -300,7 +303,8 @@ def test_profile_is_measured_once_and_then_loaded(tiny, cache, monkeypatch):
 
 # --- tasks -------------------------------------------------------------------------------------------------------
 
-def test_task_profile_writes_the_table_and_plot(tmp_path, cache, capsys):
+def test_task_profile_writes_the_table_and_plot(tmp_path, cache, capsys, monkeypatch):
+    monkeypatch.setattr(machine_profile, "measure_peaks", lambda device: FAKE_PEAKS)
     from specbench.tasks import profile as task
 
     cfg = compose_cfg(["task=profile", "model=tiny_random", "eval.profile_sizes=[1,2]", "eval.profile_repeats=1",

@@ -49,7 +49,7 @@ def step_time(shape: ModelShape, hw: HardwareSpec, width: int, context: float, p
     dtype = board_dtype(shape, hw, None)
     gpu, cpu = hw.unit("gpu"), hw.unit("cpu") if partition != "gpu_only" else None
     ops = pd.concat([op_costs(shape, width, context, 1, dtype, medusa_tree_nnz(width)),
-                     drafter_costs(shape, DrafterCost(medusa_heads=heads, medusa_tied_lm_head=False), width,
+                     drafter_costs(shape, DrafterCost(medusa_heads=heads), width,
                                    context, 1, dtype)], ignore_index=True).set_index("op")
     if partition == "gpu_only":
         alone = min(1.0, hw.bandwidth_gbs / gpu.mem_bandwidth_gbs)

@@ -91,10 +91,10 @@ def _one_token_forward_s(model, sync, budget_s: float) -> float:
 
 
 def measured_peaks(device: torch.device | str) -> dict:
-    """This machine's peaks, from the cache when a profile of any model holds them, else measured now and cached."""
+    """This machine's peaks from its newest cached profile (of any model), else measured now and cached."""
     device = torch.device(device)
     root, fp = profile_dir(), fingerprint()
-    for path in sorted(root.glob(f"{fp}-{device.type}-*.json")):
+    for path in sorted(root.glob(f"{fp}-{device.type}-*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
         return json.loads(path.read_text())["peaks"]
     peaks = measure_peaks(device)
     root.mkdir(parents=True, exist_ok=True)
@@ -125,6 +125,11 @@ class MachineProfile:
         at = [_interp(n, *rows[rows["context"] == c].sort_values("tokens")[["tokens", "ms"]].T.values)
               for c in contexts]
         return _interp(context, np.array(contexts, dtype=float), np.array(at))
+
+    def curve(self, dtype: str, context: float) -> pd.DataFrame:
+        """L(n) at one context over the measured sizes, as the tokens/ms frame latency_profile returns."""
+        sizes = sorted(set(self.latency["tokens"]))
+        return pd.DataFrame({"tokens": sizes, "ms": [self.latency_ms(dtype, n, context) for n in sizes]})
 
     def covers(self, dtypes, sizes, contexts) -> bool:
         have = set(zip(self.latency["dtype"], self.latency["context"], self.latency["tokens"]))
@@ -157,9 +162,8 @@ def profile_path(model_name: str, device: torch.device | str) -> Path:
 
 def load_or_measure_profile(target: LoadedModel, dtypes=None, sizes=SIZES, contexts=CONTEXTS,
                             repeats: int = 3) -> MachineProfile:
-    """The cached profile of `target` on this machine, measured now (and cached) when it lacks a requested point.
-
-    Each dtype is timed on a copy of the target cast to it: a forward's cost depends on the dtype, not on the
+    """The cached profile of `target` on this machine, measured now (peaks too; cached) when it lacks a requested
+    point. Each dtype is timed on a copy of the target cast to it: a forward's cost depends on the dtype, not on the
     weights' values."""
     device = target.model.device
     dtypes, sizes, contexts = list(dtypes or default_dtypes(device)), list(sizes), list(contexts)
@@ -175,7 +179,7 @@ def load_or_measure_profile(target: LoadedModel, dtypes=None, sizes=SIZES, conte
             model = copy.deepcopy(model).to(torch_dtype(name))
         frames.append(latency_profile(model, sizes, contexts, repeats).assign(dtype=name))
         del model
-    profile = MachineProfile(machine_info(), device.type, target.name, measured_peaks(device),
+    profile = MachineProfile(machine_info(), device.type, target.name, measure_peaks(device),
                              pd.concat(frames, ignore_index=True)[["dtype", "context", "tokens", "ms"]])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(profile.to_json())

@@ -51,7 +51,7 @@ def roofline_chart(specs: list[tuple[HardwareSpec, str | None]], shape: ModelSha
         peak, bw = roofs(hw, dtype)
         color = f"C{i}"
         ax.plot(x, np.minimum(peak, bw * x) / 1e12, color=color, label=f"{hw.name} ({dtype}): "
-                f"{peak / 1e12:.3g} TFLOP/s, {bw / 1e9:.3g} GB/s")
+                f"{peak / 1e12:.3g} TFLOP/s, {bw / 1e9:.4g} GB/s")
         pts = [op_costs(shape, n, context, 1, dtype)[["flops", "bytes"]].sum() for n in widths]
         ai = np.array([p["flops"] / p["bytes"] for p in pts])
         ax.scatter(ai, np.minimum(peak, bw * ai) / 1e12, color=color, zorder=3, s=18)

@@ -59,7 +59,7 @@ SHAPES = {
 }
 
 
-def shape(name: str) -> ModelShape:
+def named_shape(name: str) -> ModelShape:
     if name not in SHAPES:
         raise SpecbenchError(f"model shape '{name}' is unknown; valid: {', '.join(SHAPES)}")
     return SHAPES[name]
@@ -70,8 +70,7 @@ class DrafterCost:
     """The drafter's own work per step. Medusa: heads on the verified rows; draft model: sequential forwards of a
     smaller model; PPD: prompt-token rows appended to the target's forward (priced as extra rows)."""
 
-    medusa_heads: int = 0
-    medusa_tied_lm_head: bool = True  # tied: each head's logits go through the target's LM head weights again
+    medusa_heads: int = 0  # each: a ResBlock (h x h) and an LM-head projection (h x vocab), read per step
     draft: ModelShape | None = None
     draft_forwards: int = 0
     prompt_tokens: int = 0

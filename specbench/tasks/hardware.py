@@ -19,8 +19,8 @@ from omegaconf import OmegaConf
 from specbench.config import build
 from specbench.errors import SpecbenchError
 from specbench.hardware import ghidorah, llmcad, plots
-from specbench.hardware.roofline import op_costs, project, roofs, shape, sssd_free_budget
-from specbench.hardware.spec import HardwareSpec
+from specbench.hardware.roofline import named_shape, op_costs, project, roofs, sssd_free_budget
+from specbench.hardware.spec import BYTES_PER, HardwareSpec
 from specbench.tasks._common import run_dir
 
 HW_DIR = Path(__file__).resolve().parents[2] / "conf" / "hw"
@@ -33,6 +33,11 @@ def load_hw(name: str) -> HardwareSpec:
     if not path.exists():
         raise SpecbenchError(f"hw '{name}' is unknown; valid: {', '.join(sorted(p.stem for p in HW_DIR.glob('*.yaml')))}")
     return build(OmegaConf.load(path))
+
+
+def _local_dtype(cfg, hw: HardwareSpec) -> str:
+    """eval.dtype when it names one; otherwise (auto) the dtype with the highest measured matmul peak."""
+    return cfg.eval.dtype if cfg.eval.dtype in BYTES_PER else max(hw.peaks, key=hw.peaks.get)
 
 
 def _print(title: str, frame: pd.DataFrame) -> None:
@@ -51,7 +56,10 @@ def run(cfg) -> dict:
     if opts["tau"] not in ghidorah.GHIDORAH_TAU:
         raise SpecbenchError(f"hardware.tau='{opts['tau']}' is unknown; valid: {', '.join(ghidorah.GHIDORAH_TAU)}")
     hw: HardwareSpec = build(cfg.hw)
-    model, ctx = shape(opts["model"]), opts["context"]
+    model, ctx = named_shape(opts["model"]), opts["context"]
+    local = _local_dtype(cfg, hw)
+    if hw.weight_dtype is None:  # the machine at hand runs the run's dtype
+        model = model.with_dtype(local)
     tau = ghidorah.GHIDORAH_TAU[opts["tau"]]
     tables = {}
 
@@ -63,14 +71,15 @@ def run(cfg) -> dict:
     budget = sssd_free_budget(model, hw)
     tables["sssd"] = pd.DataFrame([budget])
     _print(f"SSSD free verification budget b*s_q on {hw.name} ({opts['model']}, {budget['dtype']})", tables["sssd"])
-    rows = 2 ** np.arange(0, 11)
+    rows = np.unique(np.round(np.logspace(0, 11, 89, base=2)))
     cost = [op_costs(model, r, ctx, 1, budget["dtype"]).set_index("op").loc[["qkv_proj", "o_proj", "mlp"]]
             for r in rows]
     peak, bw = roofs(hw, budget["dtype"])
     seconds = [float(np.maximum(c["flops"] / peak, c["bytes"] / bw).sum()) for c in cost]
     curve = pd.DataFrame({"hw": hw.name, "rows": rows, "relative_cost": np.array(seconds) / seconds[0]})
-    plots.sssd_chart(curve, {hw.name: budget["qkvo"]}, f"SSSD: linear layers of {opts['model']} ({budget['dtype']}) "
-                     f"on {hw.name}, context {ctx}; dotted = Q/K/V/O threshold", out / "sssd_threshold.png")
+    plots.sssd_chart(curve, {hw.name: budget["qkvo"]}, f"SSSD free verification budget on {hw.name}: linear layers "
+                     f"of {opts['model']} ({budget['dtype']})\ndotted line = Q/K/V/O threshold b*s_q* (Sec. 3.2 formula)",
+                     out / "sssd_threshold.png")
 
     if hw.unified_memory and len(hw.units) >= 2:
         sweep = ghidorah.arca_search(model, hw, tau, ctx)
@@ -82,7 +91,7 @@ def run(cfg) -> dict:
                              f"Medusa heads, context {ctx}, tau(W) from Table I ({opts['tau']})",
                              out / "ghidorah_widths.png")
 
-    stream = llmcad.streaming_latency(model, shape(opts["draft"]), hw, opts["budget_gb"], opts["llmcad_tau"],
+    stream = llmcad.streaming_latency(model, named_shape(opts["draft"]), hw, opts["budget_gb"], opts["llmcad_tau"],
                                       opts["draft_len"], ctx)
     tables["llmcad"] = stream
     a = stream.attrs
@@ -91,7 +100,8 @@ def run(cfg) -> dict:
            f"streamed per target forward at {hw.storage_bandwidth_gbs} GB/s ({a['load_ms']:.0f} ms); "
            f"tau={opts['llmcad_tau']}, draft_len={opts['draft_len']}", stream)
 
-    specs = [(load_hw("cpu"), cfg.eval.dtype), (load_hw("jetson"), None), (load_hw("a100"), None)]
+    cpu = load_hw("cpu")
+    specs = [(cpu, _local_dtype(cfg, cpu)), (load_hw("jetson"), None), (load_hw("a100"), None)]
     if hw.name not in ("cpu", "jetson", "a100"):
         specs.append((hw, None))
     plots.roofline_chart(specs, model, opts["model"], out / "roofline.png", context=ctx)
