@@ -7,14 +7,10 @@ from pathlib import Path
 
 from specbench.config import build
 from specbench.data.datastore import Datastore, default_path, sharegpt_documents
-from specbench.errors import SpecbenchError
 
 
 def run(cfg) -> Path:
-    settings = cfg.get("datastore")
-    if settings is None:
-        raise SpecbenchError("task=datastore needs the datastore config group: pass +datastore=sharegpt (or add "
-                             "`- datastore: sharegpt` to conf/config.yaml's defaults)")
+    settings = cfg.datastore
     target = build(cfg.model, dtype="float32")  # only the tokenizer is used; loading from the cache takes ~1 s
     path = Path(settings.path).expanduser() if settings.get("path") else default_path(target.name)
     start = time.perf_counter()
