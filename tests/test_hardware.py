@@ -287,12 +287,21 @@ def test_choose_dtype_minimises_the_verify_forward_and_names_the_fastest_plain_d
     assert "L(8)" in reason and "67.3 ms" in reason and "fastest plain decoding is bfloat16 at L(1) = 31.3 ms" in reason
 
 
+def test_latency_profile_over_contexts_with_min_or_median(tiny):
+    from specbench.hardware.profiler import latency_profile
+
+    fast = latency_profile(tiny.model, sizes=[1, 2], context=[8, 16], repeats=3, statistic="min")
+    assert list(zip(fast["context"], fast["tokens"])) == [(8, 1), (8, 2), (16, 1), (16, 2)]
+    assert (fast["ms"] > 0).all()
+
+
 def test_profile_is_measured_once_and_then_loaded(tiny, cache, monkeypatch):
     monkeypatch.setattr(machine_profile, "measure_peaks", lambda device: FAKE_PEAKS)  # tested above, at small sizes
     profile = load_or_measure_profile(tiny, dtypes=["float32", "bfloat16"], sizes=[1, 4], contexts=[8, 16],
                                       repeats=1)
     assert set(profile.latency["dtype"]) == {"float32", "bfloat16"} and len(profile.latency) == 8
     assert (profile.latency["ms"] > 0).all() and profile.peaks == FAKE_PEAKS
+    assert len(profile.machine["loadavg_1min"]) == 2  # how busy the machine was, kept with the numbers
     assert next(tiny.model.parameters()).dtype == torch.float32  # the target itself was not cast
     path = cache / "profiles" / f"{fingerprint()}-cpu-{tiny.name}.json"
     assert path.exists()

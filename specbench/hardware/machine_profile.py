@@ -163,7 +163,8 @@ def profile_path(model_name: str, device: torch.device | str) -> Path:
 def load_or_measure_profile(target: LoadedModel, dtypes=None, sizes=SIZES, contexts=CONTEXTS,
                             repeats: int = 3) -> MachineProfile:
     """The cached profile of `target` on this machine, measured now (peaks too; cached) when it lacks a requested
-    point. Each dtype is timed on a copy of the target cast to it: a forward's cost depends on the dtype, not on the
+    point. Each point is the fastest of `repeats` forwards, and the load average before and after is kept, so a
+    profile taken on a busy machine can be told apart. Each dtype is timed on a copy of the target cast to it: a forward's cost depends on the dtype, not on the
     weights' values."""
     device = target.model.device
     dtypes, sizes, contexts = list(dtypes or default_dtypes(device)), list(sizes), list(contexts)
@@ -172,14 +173,16 @@ def load_or_measure_profile(target: LoadedModel, dtypes=None, sizes=SIZES, conte
         cached = MachineProfile.from_json(path.read_text())
         if cached.covers(dtypes, sizes, contexts):
             return cached
-    frames = []
+    load_before, frames = os.getloadavg()[0], []
+    peaks = measure_peaks(device)
     for name in dtypes:
         model = target.model
         if model.dtype != torch_dtype(name):
             model = copy.deepcopy(model).to(torch_dtype(name))
-        frames.append(latency_profile(model, sizes, contexts, repeats).assign(dtype=name))
+        frames.append(latency_profile(model, sizes, contexts, repeats, statistic="min").assign(dtype=name))
         del model
-    profile = MachineProfile(machine_info(), device.type, target.name, measure_peaks(device),
+    machine = {**machine_info(), "loadavg_1min": [load_before, os.getloadavg()[0]], "cpus": os.cpu_count()}
+    profile = MachineProfile(machine, device.type, target.name, peaks,
                              pd.concat(frames, ignore_index=True)[["dtype", "context", "tokens", "ms"]])
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(profile.to_json())

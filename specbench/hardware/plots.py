@@ -26,17 +26,18 @@ def _save(fig, path: Path) -> Path:
 def profile_vs_roofline(frame: pd.DataFrame, title: str, path: Path) -> Path:
     """Measured L(n) (solid, markers) against the roofline (dashed) per dtype and context; frame from
     machine_profile.roofline_error."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(7, 5.5))
     for i, ((dtype, context), grp) in enumerate(frame.groupby(["dtype", "context"], sort=True)):
         color = f"C{i}"
         ax.plot(grp["tokens"], grp["ms"], marker="o", color=color, label=f"{dtype}, ctx {context}: measured")
         ax.plot(grp["tokens"], grp["roofline_ms"], linestyle="--", color=color, label=f"{dtype}, ctx {context}: roofline")
     ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
     ax.set_xlabel("tokens n in one forward (tree size)")
-    ax.set_ylabel("latency L(n) per forward (ms)")
+    ax.set_ylabel("latency L(n) per forward (ms, log scale)")
     ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.14))
     return _save(fig, path)
 
 
@@ -50,7 +51,8 @@ def roofline_chart(specs: list[tuple[HardwareSpec, str | None]], shape: ModelSha
         dtype = board_dtype(shape, hw, dtype)
         peak, bw = roofs(hw, dtype)
         color = f"C{i}"
-        ax.plot(x, np.minimum(peak, bw * x) / 1e12, color=color, label=f"{hw.name} ({dtype}): "
+        name = f"{hw.name}, measured" if hw.peak_tflops == "measured" else hw.name
+        ax.plot(x, np.minimum(peak, bw * x) / 1e12, color=color, label=f"{name} ({dtype}): "
                 f"{peak / 1e12:.3g} TFLOP/s, {bw / 1e9:.4g} GB/s")
         pts = [op_costs(shape, n, context, 1, dtype)[["flops", "bytes"]].sum() for n in widths]
         ai = np.array([p["flops"] / p["bytes"] for p in pts])
