@@ -10,7 +10,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model=tiny_random", "eval.dtype=float32", "eval.max_new_tokens=8", "eval.warmup=0",
-        "eval.latency_profile=false"]
+        "eval.latency_profile=false", "eval.fastest_ar=false"]
 
 
 def run(args, tmp_path):

@@ -8,12 +8,16 @@ import pytest
 from specbench.decoding import Decoder
 from specbench.errors import SpecbenchError
 from specbench.evaluation.metrics import paired_speedup
+from specbench.evaluation.precision import DtypePlan, plan
+from specbench.hardware.machine import machine_info
+from specbench.hardware.machine_profile import MachineProfile, profile_path
 from specbench.tasks import eval as eval_task
 
 from .conftest import compose_cfg
 
 FAST = ["model=tiny_random", "eval.dtype=float32", "eval.num_prompts=4", "eval.max_new_tokens=24",
-        "eval.profile_sizes=[1,2,4]", "eval.profile_repeats=1", "eval.warmup=0", "eval.memory_probe=false"]
+        "eval.profile_sizes=[1,2,4]", "eval.profile_repeats=1", "eval.warmup=0", "eval.memory_probe=false",
+        "eval.fastest_ar=false"]
 
 
 def test_eval_writes_the_run_folder_contract(tmp_path):
@@ -144,3 +148,43 @@ def test_paired_speedup_and_its_interval_from_hand_made_records():
     assert 1.0 <= out["speedup_ci_low"] <= 1.75 <= out["speedup_ci_high"] <= 2.0
     ratio_of_means = (40 / 5.0) / (40 / 8.0)  # Spec-Bench's: total tokens over total time
     assert ratio_of_means == pytest.approx(1.6) != out["speedup_paired"]
+
+
+def hand_made_profile(fast_small: str, fast_large: str):
+    """A machine profile where `fast_small` has the cheapest one-token forward and `fast_large` the cheapest wide one
+    (as bf16 and fp32 trade places on an AVX2 CPU without native bf16)."""
+    rows = []
+    for dtype in ("float32", "bfloat16"):
+        for context in (128, 1024):
+            for n in (1, 2, 4, 8, 16, 32, 64):
+                ms = 30 + 15 * (n - 1) if dtype == fast_small else 50 + 1.0 * n  # slope vs flat
+                rows.append({"dtype": dtype, "context": context, "tokens": n, "ms": float(ms)})
+    peaks = {"peak_tflops": {"float32": 0.1, "bfloat16": 0.1}, "mem_bandwidth_gbs": 10.0, "layer_overhead_ms": 0.1,
+             "memory_gb": 8.0}
+    return MachineProfile(machine_info(), "cpu", "tiny_random", peaks, pd.DataFrame(rows))
+
+
+def test_auto_dtype_picks_the_cheapest_verify_and_names_the_fastest_plain_decoding():
+    profile = hand_made_profile(fast_small="bfloat16", fast_large="float32")
+    wide = plan("auto", profile, tree_size=16, context=256)
+    assert wide.dtype == "float32" and wide.fastest_ar == "bfloat16"  # 65 ms vs 255 ms at n=16; 30 vs 51 at n=1
+    assert "float32" in wide.reason and "bfloat16" in wide.reason
+    assert plan("auto", profile, tree_size=1, context=256).dtype == "bfloat16"
+    assert plan("float32", profile, 16, 256) == DtypePlan("float32", "float32: set by eval.dtype", "bfloat16")
+    with pytest.raises(SpecbenchError, match="eval.dtype='fp8' is unknown; valid choices: auto"):
+        plan("fp8", profile, 16, 256)
+
+
+def test_a_run_also_decodes_plain_ar_in_the_dtype_fastest_for_it_and_reports_speed_against_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    path = profile_path("tiny_random", "cpu")
+    path.parent.mkdir(parents=True)
+    path.write_text(hand_made_profile(fast_small="bfloat16", fast_large="float32").to_json())
+    overrides = [*FAST, "eval.dtype=auto", "eval.fastest_ar=true", "eval.num_prompts=2", "eval.first_turn_only=true"]
+    summary = eval_task.run(compose_cfg(overrides, tmp_path / "run")).set_index("method")
+    assert list(summary.index) == ["autoregressive", "autoregressive@bfloat16", "pld"]
+    assert summary.loc["autoregressive", "dtype"] == "float32" and summary.loc["autoregressive@bfloat16", "dtype"] == "bfloat16"
+    fastest = summary["tokens_per_s"][["autoregressive", "autoregressive@bfloat16"]].idxmax()
+    assert (summary["fastest_ar"] == fastest).all()
+    assert summary.loc["pld", "speedup_vs_fastest_ar"] == pytest.approx(
+        summary.loc["pld", "tokens_per_s"] / summary.loc[fastest, "tokens_per_s"])

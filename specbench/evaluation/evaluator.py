@@ -50,6 +50,7 @@ class MethodRun:
     acceptance: AcceptanceRule
     settings_hash: str = ""
     method_name: str = ""  # the method config behind the label
+    target: LoadedModel | None = None  # None: the run's target; a baseline in another dtype brings its own copy
 
 
 class Evaluator:
@@ -67,7 +68,7 @@ class Evaluator:
         self.memory_path = self.run_dir / "memory.json"
 
     def _decoder(self, run: MethodRun) -> Decoder:
-        return Decoder(self.target.model, run.drafter, run.acceptance, self.sampling, self.settings.max_new_tokens,
+        return Decoder((run.target or self.target).model, run.drafter, run.acceptance, self.sampling, self.settings.max_new_tokens,
                        self.target.eos_token_ids, seed=self.settings.seed, max_context=self.target.max_context)
 
     def _turns(self, prompt: Prompt) -> int:
@@ -113,6 +114,8 @@ class Evaluator:
         record = {"method": run.label, "method_name": run.method_name, "question_id": prompt.question_id,
                   "turn": turn, "category": prompt.category, **fields, "settings_hash": run.settings_hash,
                   **self.provenance}
+        if run.target is not None:
+            record["dtype"] = str(run.target.model.dtype).removeprefix("torch.")
         self.store.append(record)
         return record
 

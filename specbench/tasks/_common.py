@@ -19,8 +19,9 @@ def run_dir(cfg) -> Path:
     return Path(cfg.run_dir)
 
 
-def setup_target(cfg) -> tuple[HardwareSpec, LoadedModel]:
+def setup_target(cfg, dtype: str | None = None) -> tuple[HardwareSpec, LoadedModel]:
+    """The hardware spec (its device checked and activated) and the target in `dtype` (default: eval.dtype)."""
     hw: HardwareSpec = build(cfg.hw)
     device = hw.activate()
     torch.manual_seed(cfg.seed)
-    return hw, build(cfg.model, dtype=cfg.eval.dtype, device=str(device))
+    return hw, build(cfg.model, dtype=dtype or cfg.eval.dtype, device=str(device))

@@ -1,7 +1,9 @@
 """task=eval: the baseline and every listed method on the dataset, interleaved per prompt -> records.jsonl,
 summary.{json,csv}, plots/, logger files.
 
-Settings are validated, and the run folder's settings checked, before any dataset or model is loaded.
+Settings are validated before any dataset or model is loaded, and the run folder's settings before the dataset.
+With eval.dtype=auto the target is loaded once in float32, the machine profile picks the dtype, and plain decoding
+also runs in the dtype that is fastest for it here when that differs (speedup_vs_fastest_ar).
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import json
 from functools import partial
 
+import numpy as np
 import pandas as pd
 from hydra.core.hydra_config import HydraConfig
 
@@ -19,14 +22,18 @@ from specbench.evaluation.metrics import BASELINE, decoded, summarize
 from specbench.evaluation.provenance import check_and_save_settings, provenance, settings_hash, shared_settings
 from specbench.hardware.profiler import latency_profile
 from specbench.hardware.roofline import ModelShape, roofline_step_time
-from specbench.models.loading import torch_dtype
+from specbench.acceptance.exact import ExactAcceptance
+from specbench.drafters.autoregressive import AutoregressiveDrafter
+from specbench.evaluation.precision import AUTO, check_dtype, plan
+from specbench.hardware.machine_profile import load_or_measure_profile
+from specbench.models.loading import with_dtype
 from specbench.reporting.loggers import log_run
 from specbench.reporting.plots import save_plots
 from specbench.sampling import SamplingParams
 from specbench.tasks._common import run_dir, setup_target
 
-TABLE = ["method", "tau", "tokens_per_s", "speedup", "speedup_paired", "speedup_ci_low", "speedup_ci_high",
-         "ideal_speedup", "projected_speedup", "lossless_match", "method_mem_mb", "num_prompts"]
+TABLE = ["method", "dtype", "tau", "tokens_per_s", "speedup", "speedup_paired", "speedup_ci_low", "speedup_ci_high",
+         "speedup_vs_fastest_ar", "ideal_speedup", "projected_speedup", "lossless_match", "method_mem_mb", "num_prompts"]
 BASELINE_SETTINGS = {"method": {"name": BASELINE}, "accept": {"name": "exact"}}
 
 
@@ -36,7 +43,7 @@ def run(cfg, overrides: list[str] | None = None) -> pd.DataFrame:
     settings = EvalSettings(max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.eval.seed, warmup=cfg.eval.warmup,
                             baseline=cfg.eval.baseline, first_turn_only=cfg.eval.first_turn_only,
                             memory_probe=cfg.eval.memory_probe)
-    torch_dtype(cfg.eval.dtype)
+    check_dtype(cfg.eval.dtype)
     sampling = SamplingParams(**cfg.sampling)
     if overrides is None and HydraConfig.initialized():
         overrides = list(HydraConfig.get().overrides.task)
@@ -44,20 +51,30 @@ def run(cfg, overrides: list[str] | None = None) -> pd.DataFrame:
     trees = [build(e.cfg.tree) for e in entries]
     for entry, tree in zip(entries, trees):
         check_tree(entry.cfg.method.drafter, tree)
-    shared = shared_settings(cfg)
+    hw, loaded = setup_target(cfg, "float32" if cfg.eval.dtype == AUTO else cfg.eval.dtype)
+    machine = (load_or_measure_profile(loaded) if cfg.eval.dtype == AUTO or cfg.eval.fastest_ar else None)
+    context = cfg.eval.profile_context + cfg.eval.max_new_tokens / 2
+    dtypes = plan(cfg.eval.dtype, machine, float(np.mean([t.budget for t in trees])), context)
+    print(f"dtype {dtypes.reason}")
+    target = with_dtype(loaded, dtypes.dtype)
+
+    shared = shared_settings(cfg, dtypes.dtype)
     per_method = {e.label: e.settings() for e in entries} | {BASELINE: BASELINE_SETTINGS}
+    extra = [] if dtypes.fastest_ar == dtypes.dtype or not cfg.eval.baseline else [f"{BASELINE}@{dtypes.fastest_ar}"]
+    per_method |= {label: {**BASELINE_SETTINGS, "dtype": dtypes.fastest_ar} for label in extra}
     check_and_save_settings(out, shared, per_method)
 
     dataset = build(cfg.dataset)
-    hw, target = setup_target(cfg)
     runs = [MethodRun(e.label, build_drafter(e.cfg.method.drafter, target, tree), build(e.cfg.accept),
                       settings_hash(shared, per_method[e.label]), e.name) for e, tree in zip(entries, trees)]
+    runs = [MethodRun(label, AutoregressiveDrafter(), ExactAcceptance(), settings_hash(shared, per_method[label]),
+                      BASELINE, with_dtype(loaded, dtypes.fastest_ar)) for label in extra] + runs
     settings.chat_template = target.chat_template
-    evaluator = Evaluator(target, runs, sampling, dataset, settings, out, provenance(cfg),
+    evaluator = Evaluator(target, runs, sampling, dataset, settings, out, provenance(cfg, dtypes.dtype),
                           settings_hash(shared, BASELINE_SETTINGS))
     records = evaluator.run()
 
-    profile = _latency_profile(cfg, target, hw, out)
+    profile = _latency_profile(cfg, target, hw, out, machine, dtypes.dtype, context)
     summary = summarize(records, profile, partial(roofline_step_time, ModelShape.of(target.model), hw),
                         evaluator.memory())
     _write_summary(summary, out)
@@ -69,15 +86,21 @@ def run(cfg, overrides: list[str] | None = None) -> pd.DataFrame:
     return summary
 
 
-def _latency_profile(cfg, target, hw, out):
-    """L(n) for the ideal speedup; measured once per run folder and reused on resume."""
+def _latency_profile(cfg, target, hw, out, machine, dtype: str, context: float):
+    """L(n) for the ideal speedup: from the machine profile when there is one, else measured once per run folder
+    (reused on resume); beside the roofline of the chosen hw."""
     if not cfg.eval.latency_profile:
         return None
     path = out / "latency_profile.csv"
     if path.exists():
         return pd.read_csv(path)
-    profile = latency_profile(target.model, sizes=tuple(cfg.eval.profile_sizes), context=cfg.eval.profile_context,
-                              hw=hw)
+    if machine is not None and dtype in machine.dtypes:
+        profile = machine.curve(dtype, context)
+    else:
+        profile = latency_profile(target.model, sizes=tuple(cfg.eval.profile_sizes),
+                                  context=int(cfg.eval.profile_context), repeats=cfg.eval.profile_repeats)
+    shape = ModelShape.of(target.model)
+    profile["roofline_ms"] = [1e3 * roofline_step_time(shape, hw, n, context) for n in profile["tokens"]]
     profile.to_csv(path, index=False)
     return profile
 
