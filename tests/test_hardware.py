@@ -100,7 +100,8 @@ def test_bad_hw_input_ends_in_one_error_line_from_the_cli():
     done = subprocess.run([sys.executable, "run.py", "task=hardware", "hw=jetson", "hw.partition=ring"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == ["error: hw.partition='ring' is unknown; valid: gpu_only, megatron, hcmp"]
+    expect = "error: hw.partition='ring' is unknown; valid: gpu_only, megatron, hcmp"
+    assert done.stderr.strip().splitlines() == [expect]
 
 
 def test_every_figure_in_a_hw_file_carries_a_source_comment():
@@ -263,7 +264,8 @@ def test_llmcad_streams_what_does_not_fit_in_the_budget():
 def toy_profile() -> MachineProfile:
     rows = [("float32", c, n, 50 + 2 * n + c / 100) for c in (128, 1024) for n in (1, 8, 32)]
     rows += [("bfloat16", c, n, 30 + 10 * (n - 1) + c / 100) for c in (128, 1024) for n in (1, 8, 32)]
-    return MachineProfile({}, "cpu", "toy", FAKE_PEAKS, pd.DataFrame(rows, columns=["dtype", "context", "tokens", "ms"]))
+    frame = pd.DataFrame(rows, columns=["dtype", "context", "tokens", "ms"])
+    return MachineProfile({}, "cpu", "toy", FAKE_PEAKS, frame)
 
 
 def test_latency_is_interpolated_in_n_and_context():

@@ -164,8 +164,8 @@ def load_or_measure_profile(target: LoadedModel, dtypes=None, sizes=SIZES, conte
                             repeats: int = 3) -> MachineProfile:
     """The cached profile of `target` on this machine, measured now (peaks too; cached) when it lacks a requested
     point. Each point is the fastest of `repeats` forwards, and the load average before and after is kept, so a
-    profile taken on a busy machine can be told apart. Each dtype is timed on a copy of the target cast to it: a forward's cost depends on the dtype, not on the
-    weights' values."""
+    profile taken on a busy machine can be told apart. Each dtype is timed on a copy of the target cast to it: a
+    forward's cost depends on the dtype, not on the weights' values."""
     device = target.model.device
     dtypes, sizes, contexts = list(dtypes or default_dtypes(device)), list(sizes), list(contexts)
     path = profile_path(target.name, device)

@@ -30,7 +30,8 @@ def profile_vs_roofline(frame: pd.DataFrame, title: str, path: Path) -> Path:
     for i, ((dtype, context), grp) in enumerate(frame.groupby(["dtype", "context"], sort=True)):
         color = f"C{i}"
         ax.plot(grp["tokens"], grp["ms"], marker="o", color=color, label=f"{dtype}, ctx {context}: measured")
-        ax.plot(grp["tokens"], grp["roofline_ms"], linestyle="--", color=color, label=f"{dtype}, ctx {context}: roofline")
+        ax.plot(grp["tokens"], grp["roofline_ms"], linestyle="--", color=color,
+                label=f"{dtype}, ctx {context}: roofline")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("tokens n in one forward (tree size)")

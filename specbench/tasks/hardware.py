@@ -31,7 +31,8 @@ DEFAULTS = {"model": "llama2_7b", "draft": "tinyllama_1.1b", "context": 256, "ta
 def load_hw(name: str) -> HardwareSpec:
     path = HW_DIR / f"{name}.yaml"
     if not path.exists():
-        raise SpecbenchError(f"hw '{name}' is unknown; valid: {', '.join(sorted(p.stem for p in HW_DIR.glob('*.yaml')))}")
+        valid = ", ".join(sorted(p.stem for p in HW_DIR.glob("*.yaml")))
+        raise SpecbenchError(f"hw '{name}' is unknown; valid: {valid}")
     return build(OmegaConf.load(path))
 
 
@@ -78,7 +79,8 @@ def run(cfg) -> dict:
     seconds = [float(np.maximum(c["flops"] / peak, c["bytes"] / bw).sum()) for c in cost]
     curve = pd.DataFrame({"hw": hw.name, "rows": rows, "relative_cost": np.array(seconds) / seconds[0]})
     plots.sssd_chart(curve, {hw.name: budget["qkvo"]}, f"SSSD free verification budget on {hw.name}: linear layers "
-                     f"of {opts['model']} ({budget['dtype']})\ndotted line = Q/K/V/O threshold b*s_q* (Sec. 3.2 formula)",
+                     f"of {opts['model']} ({budget['dtype']})\ndotted line = Q/K/V/O threshold b*s_q* "
+                     f"(Sec. 3.2 formula)",
                      out / "sssd_threshold.png")
 
     if hw.unified_memory and len(hw.units) >= 2:

@@ -29,7 +29,8 @@ def run(cfg) -> pd.DataFrame:
     load = max(info.get("loadavg_1min", [0.0]))
     if load > 0.5 * info.get("cpus", 1):
         print(f"warning: the machine was busy while profiling (1-min load {load:.1f} on {info['cpus']} CPUs); other "
-              f"processes inflate L(n). Delete {profile_path(target.name, profile.device)} and re-run on a quiet machine.")
+              f"processes inflate L(n). Delete {profile_path(target.name, profile.device)} and re-run on a quiet "
+              f"machine.")
     print(f"machine: {info['cpu_model']} ({info['cpu_capability']}), {info['threads']} threads, "
           f"gpu {info['gpu_name']}, torch {info['torch_version']}")
     print("peak matmul TFLOP/s: " + ", ".join(f"{d} {v:.3f}" for d, v in peaks["peak_tflops"].items())
