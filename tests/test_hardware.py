@@ -231,14 +231,27 @@ def test_ghidorah_hcmp_picks_a_smaller_width_than_gpu_only_on_jetson(dataset):
     assert split.at["hcmp", "parallel"] > 1.5  # the CPU adds its own bandwidth while decoding is memory-bound
 
 
+def test_a_partitioned_board_prices_forwards_at_arcas_best_split():
+    cfg = OmegaConf.load(HW_DIR / "jetson.yaml")
+    gpu_only, llama = build(cfg), named_shape("llama2_7b")
+    cfg.partition = "hcmp"
+    hcmp = build(cfg)
+    ratio, seconds = ghidorah.best_split(llama, hcmp, 16, 256, "hcmp", heads=0)
+    assert 0 < ratio < 1 and roofline_step_time(llama, hcmp, 16, 256) == pytest.approx(seconds)
+    assert roofline_step_time(llama, hcmp, 16, 256) < 0.6 * roofline_step_time(llama, gpu_only, 16, 256)
+    assert ghidorah.best_split(llama, hcmp, 16, 256, "hcmp", heads=0, ratios=[0.0])[1] > seconds
+    with pytest.raises(SpecbenchError, match="hw.partition='hcmp' models batch-1"):
+        roofline_step_time(llama, hcmp, 16, 256, batch=2)
+
+
 def test_ghidorah_bad_input_is_named():
     jetson = board("jetson")
     with pytest.raises(SpecbenchError, match="hw.partition='ring' is unknown"):
-        ghidorah.step_time(named_shape("llama2_7b"), jetson, 16, 256, "ring", 0.5)
+        ghidorah.best_split(named_shape("llama2_7b"), jetson, 16, 256, "ring")
     with pytest.raises(SpecbenchError, match="widths in 1..64"):
         ghidorah.arca_search(named_shape("llama2_7b"), jetson, {128: 4.0})
     with pytest.raises(SpecbenchError, match=r"hw 'a100' has no gpu unit \(units: none\)"):
-        ghidorah.step_time(named_shape("llama2_7b"), board("a100"), 16, 256, "hcmp", 0.5)
+        ghidorah.best_split(named_shape("llama2_7b"), board("a100"), 16, 256, "hcmp")
 
 
 # --- LLMCad ------------------------------------------------------------------------------------------------------

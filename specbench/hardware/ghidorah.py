@@ -41,52 +41,59 @@ def medusa_tree_nnz(width: int, depth: int = 4) -> float:
     return float(width * min(width, depth + 1))
 
 
-def step_time(shape: ModelShape, hw: HardwareSpec, width: int, context: float, partition: str, ratio: float,
-              heads: int = 4) -> float:
-    """Seconds of one verify step of `width` tokens with `ratio` of the split work on the CPU."""
+RATIOS = np.linspace(0, 1, 101)  # ARCA's grid over the CPU's share of the split work
+
+
+def best_split(shape: ModelShape, hw: HardwareSpec, width: float, context: float, partition: str, heads: int = 4,
+               dtype: str | None = None, ratios=RATIOS) -> tuple[float, float]:
+    """(CPU share, seconds) of the fastest split of one verify step over `ratios` (ARCA's partition search)."""
     if partition not in PARTITIONS:
         raise SpecbenchError(f"hw.partition='{partition}' is unknown; valid: {', '.join(PARTITIONS)}")
-    dtype = board_dtype(shape, hw, None)
+    dtype = board_dtype(shape, hw, dtype)
     gpu, cpu = hw.unit("gpu"), hw.unit("cpu") if partition != "gpu_only" else None
     ops = pd.concat([op_costs(shape, width, context, 1, dtype, medusa_tree_nnz(width)),
-                     drafter_costs(shape, DrafterCost(medusa_heads=heads), width,
-                                   context, 1, dtype)], ignore_index=True).set_index("op")
+                     drafter_costs(shape, DrafterCost(medusa_heads=heads), width, context, 1, dtype)],
+                    ignore_index=True).set_index("op")
+    fixed = shape.layers * (hw.layer_overhead + SYNCS_PER_LAYER[partition] * hw.sync_ms / 1e3)
     if partition == "gpu_only":
         alone = min(1.0, hw.bandwidth_gbs / gpu.mem_bandwidth_gbs)
-        total = sum(_time(gpu, o.flops, o.bytes, dtype, alone) for o in ops.itertuples())
-        return total + hw.layer_overhead * shape.layers
+        return 0.0, fixed + sum(_time(gpu, o.flops, o.bytes, dtype, alone) for o in ops.itertuples())
     both = min(1.0, hw.bandwidth_gbs / (gpu.mem_bandwidth_gbs + cpu.mem_bandwidth_gbs))  # contention
+    linears = ops.loc[[op for op in ops.index if op in LINEARS]]
+    cache, tree = ops.loc["attn_cache"], ops.loc["attn_tree"]
 
     def split(flops, nbytes, r):
         return max(_time(gpu, (1 - r) * flops, (1 - r) * nbytes, dtype, both),
                    _time(cpu, r * flops, r * nbytes, dtype, both))
 
-    total = sum(split(ops.at[op, "flops"], ops.at[op, "bytes"], ratio) for op in ops.index if op in LINEARS)
-    cache, tree = ops.loc["attn_cache"], ops.loc["attn_tree"]
-    if partition == "hcmp":  # dense KV-cache part on the GPU, sparse tree part on the CPU, at the same time
-        total += max(_time(gpu, cache.flops, cache.bytes, dtype, both), _time(cpu, tree.flops, tree.bytes, dtype, both))
-    else:  # megatron: heads split; the tree block is computed densely (W x W) on both units
+    def total(r: float) -> float:
+        t = sum(split(o.flops, o.bytes, r) for o in linears.itertuples())
+        if partition == "hcmp":  # dense KV-cache part on the GPU, sparse tree part on the CPU, at the same time
+            return t + max(_time(gpu, cache.flops, cache.bytes, dtype, both),
+                           _time(cpu, tree.flops, tree.bytes, dtype, both))
+        # megatron: heads split; the tree block is computed densely (W x W) on both units
         dense_tree = tree.flops * width * width / medusa_tree_nnz(width)
-        total += split(cache.flops + dense_tree, cache.bytes + tree.bytes, ratio)
         act = 4.0 if dtype == "float32" else 2.0  # activations stay 16-bit under quantised weights
         allreduce_bytes = 2 * shape.layers * 3 * width * shape.hidden * act  # read both partials, write the sum
-        total += allreduce_bytes / (hw.bandwidth_gbs * 1e9)
-    return total + shape.layers * (hw.layer_overhead + SYNCS_PER_LAYER[partition] * hw.sync_ms / 1e3)
+        return (t + split(cache.flops + dense_tree, cache.bytes + tree.bytes, r)
+                + allreduce_bytes / (hw.bandwidth_gbs * 1e9))
+
+    times = [total(r) for r in ratios]
+    best = int(np.argmin(times))
+    return float(ratios[best]), fixed + times[best]
 
 
 def arca_search(shape: ModelShape, hw: HardwareSpec, tau: dict[int, float], context: float = 256,
-                partitions=PARTITIONS, ratios=np.linspace(0, 1, 101), heads: int = 4) -> pd.DataFrame:
-    """Per partition and width: the split ratio minimising T(W) (grid search), T(W), tau(W) and tau(W)/T(W)."""
+                partitions=PARTITIONS, heads: int = 4) -> pd.DataFrame:
+    """Per partition and width: the split ratio minimising T(W), T(W), tau(W) and tau(W)/T(W)."""
     if not tau or min(tau) < 1 or max(tau) > 64:
         raise SpecbenchError(f"tau needs widths in 1..64 with their acceptance lengths, got {tau}")
     rows = []
     for partition in partitions:
         for width in sorted(tau):
-            grid = [0.0] if partition == "gpu_only" else ratios
-            times = [step_time(shape, hw, width, context, partition, r, heads) for r in grid]
-            best = int(np.argmin(times))
-            rows.append({"partition": partition, "width": width, "cpu_ratio": float(grid[best]),
-                         "step_ms": 1e3 * times[best], "tau": tau[width], "tokens_per_s": tau[width] / times[best]})
+            ratio, seconds = best_split(shape, hw, width, context, partition, heads)
+            rows.append({"partition": partition, "width": width, "cpu_ratio": ratio, "step_ms": 1e3 * seconds,
+                         "tau": tau[width], "tokens_per_s": tau[width] / seconds})
     return pd.DataFrame(rows)
 
 

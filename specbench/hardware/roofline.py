@@ -169,7 +169,17 @@ def roofline_ops(shape: ModelShape, hw: HardwareSpec, tokens: float, context: fl
 def roofline_step_time(shape: ModelShape, hw: HardwareSpec, tokens: float, context: float, batch: int = 1,
                        dtype: str | None = None, tree_nnz: float | None = None,
                        drafter: DrafterCost | None = None) -> float:
-    """Seconds for one forward of `tokens` new tokens per sequence over `context` cached ones, `batch` sequences."""
+    """Seconds for one forward of `tokens` new tokens per sequence over `context` cached ones, `batch` sequences.
+
+    A board with hw.partition megatron or hcmp runs it split across its units (Ghidorah, batch 1), at ARCA's best
+    split for that width."""
+    if hw.partition != "gpu_only":
+        if batch != 1 or tree_nnz is not None or drafter is not None:
+            raise SpecbenchError(f"hw.partition='{hw.partition}' models batch-1 target forwards only (Ghidorah); "
+                                 f"use hw.partition=gpu_only for batch, tree_nnz or drafter costs")
+        from specbench.hardware.ghidorah import best_split  # ghidorah builds on this module's op costs
+
+        return best_split(shape, hw, tokens, context, hw.partition, heads=0, dtype=dtype)[1]
     return float(roofline_ops(shape, hw, tokens, context, batch, dtype, tree_nnz, drafter)["seconds"].sum())
 
 
