@@ -11,6 +11,7 @@ from specbench.evaluation.metrics import paired_speedup
 from specbench.evaluation.precision import DtypePlan, plan
 from specbench.hardware.machine import machine_info
 from specbench.hardware.machine_profile import MachineProfile, profile_path
+from specbench.trees.hardware_aware import best_budget
 from specbench.tasks import eval as eval_task
 
 from .conftest import compose_cfg
@@ -188,3 +189,18 @@ def test_a_run_also_decodes_plain_ar_in_the_dtype_fastest_for_it_and_reports_spe
     assert (summary["fastest_ar"] == fastest).all()
     assert summary.loc["pld", "speedup_vs_fastest_ar"] == pytest.approx(
         summary.loc["pld", "tokens_per_s"] / summary.loc[fastest, "tokens_per_s"])
+
+
+def test_hardware_aware_tree_is_sized_from_the_machine_profile(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    profile = hand_made_profile(fast_small="bfloat16", fast_large="float32")
+    profile_path("tiny_random", "cpu").parent.mkdir(parents=True)
+    profile_path("tiny_random", "cpu").write_text(profile.to_json())
+    acc = [[0.6, 0.2], [0.5, 0.2]]
+    overrides = [*FAST, "method=draft_model", "method.draft.early_exit_layers=1", "tree=hardware_aware",
+                 f"tree.accept_prob={acc}", "tree.budget=16", "eval.num_prompts=1", "eval.first_turn_only=true"]
+    eval_task.run(compose_cfg(overrides, tmp_path / "run"))
+    expected, _ = best_budget(acc, lambda n: profile.latency_ms("float32", n, 128 + 24 / 2), 16)
+    records = [json.loads(line) for line in (tmp_path / "run" / "records.jsonl").read_text().splitlines()]
+    assert max(max(r["tree_sizes"]) for r in records if r["method"] == "draft_model") == expected
+    assert expected == 6  # below the table's 7 nodes: the 7th node's tau gain no longer pays for its row

@@ -12,6 +12,7 @@ from specbench.errors import SpecbenchError
 from specbench.trees.chain import ChainPolicy
 from specbench.trees.dynamic import DynamicPolicy
 from specbench.trees.greedy import GreedyPolicy, expected_tau, greedy_choices, load_accept_prob
+from specbench.trees.hardware_aware import HardwareAwarePolicy
 from specbench.trees.static import PRESET_DIR, StaticPolicy, cartesian_choices
 
 VOCAB = 32
@@ -224,3 +225,27 @@ def test_task_calibrate_writes_the_json_tree_greedy_reads(tmp_path):
                        "+calibration.depth=2", "+calibration.ranks=3", f"+calibration.out={out}"], tmp_path)
     dispatch(cfg)
     assert GreedyPolicy(budget=4, accept_prob=str(out)).expected_tau >= 1.0
+
+
+def test_hardware_aware_budget_maximises_expected_tau_per_forward_cost():
+    acc = [[0.8, 0.1], [0.6, 0.1], [0.5, 0.1]]
+    flat = HardwareAwarePolicy(budget=8, accept_prob=acc, latency_ms=lambda n: 10.0)  # wider is free: biggest
+    assert flat.budget == 8
+    steep = HardwareAwarePolicy(budget=8, accept_prob=acc, latency_ms=lambda n: 10.0 * n)  # each node costs one
+    # tau(2)/L(2) = 1.8/20 beats every wider tree (tau(3) = 2.28 over 30, ...): the root plus one node
+    assert steep.budget == 2
+    mid = HardwareAwarePolicy(budget=8, accept_prob=acc, latency_ms=lambda n: 30.0 + 2.0 * n)
+    choices, _ = greedy_choices(acc, 8)
+    by_hand = {n: expected_tau(choices[: n - 1], acc) / (30.0 + 2.0 * n) for n in range(2, 9)}
+    assert mid.budget == max(by_hand, key=by_hand.get) and mid.rates == pytest.approx(by_hand)
+    assert len(mid.build(1, FixedDraft())) == mid.budget
+
+
+def test_hardware_aware_waits_for_a_curve_and_a_calibration():
+    unfit = HardwareAwarePolicy(budget=16)
+    with pytest.raises(SpecbenchError, match="no latency curve"):
+        unfit.build(1, FixedDraft())
+    fitted = unfit.fit(lambda n: 5.0 + n).with_accept_prob([[0.9, 0.05], [0.8, 0.05]])  # Medusa's path
+    assert 2 <= fitted.budget <= 7 and len(fitted.build(1, FixedDraft())) == fitted.budget
+    with pytest.raises(SpecbenchError, match="tree.budget=1 is invalid"):
+        HardwareAwarePolicy(budget=1)

@@ -54,12 +54,12 @@ class MedusaHeads(nn.Module):
 
 
 class MedusaDrafter(Drafter):
-    """Candidates from the heads' top-k, shaped by the run's tree policy. tree=greedy without tree.accept_prob (the
-    method's default) builds the tree.budget-node tree from the artifact's held-out per-head rank accuracies
-    (Medusa App. C)."""
+    """Candidates from the heads' top-k, shaped by the run's tree policy. tree=greedy (the method's default) or
+    tree=hardware_aware without tree.accept_prob builds the tree from the artifact's held-out per-head rank
+    accuracies (Medusa App. C)."""
 
     name = "medusa"
-    tree_policies = ("greedy", "static", "chain", "dynamic")
+    tree_policies = ("greedy", "hardware_aware", "static", "chain", "dynamic")
     needs_hidden_states = True
 
     def __init__(self, target, tree: TreePolicy, checkpoint: str | None = None,

@@ -26,6 +26,8 @@ from specbench.acceptance.exact import ExactAcceptance
 from specbench.drafters.autoregressive import AutoregressiveDrafter
 from specbench.evaluation.precision import AUTO, check_dtype, plan
 from specbench.hardware.machine_profile import load_or_measure_profile
+from specbench.hardware.spec import MEASURED
+from specbench.trees.hardware_aware import HardwareAwarePolicy
 from specbench.models.loading import with_dtype
 from specbench.reporting.loggers import log_run
 from specbench.reporting.plots import save_plots
@@ -52,11 +54,15 @@ def run(cfg, overrides: list[str] | None = None) -> pd.DataFrame:
     for entry, tree in zip(entries, trees):
         check_tree(entry.cfg.method.drafter, tree)
     hw, loaded = setup_target(cfg, "float32" if cfg.eval.dtype == AUTO else cfg.eval.dtype)
-    machine = (load_or_measure_profile(loaded) if cfg.eval.dtype == AUTO or cfg.eval.fastest_ar else None)
+    sized = any(isinstance(t, HardwareAwarePolicy) for t in trees)
+    machine = load_or_measure_profile(loaded) if cfg.eval.dtype == AUTO or cfg.eval.fastest_ar or sized else None
     context = cfg.eval.profile_context + cfg.eval.max_new_tokens / 2
     dtypes = plan(cfg.eval.dtype, machine, float(np.mean([t.budget for t in trees])), context)
     print(f"dtype {dtypes.reason}")
     target = with_dtype(loaded, dtypes.dtype)
+    if sized:
+        trees = [t.fit(_latency_curve(hw, machine, target, dtypes.dtype, context))
+                 if isinstance(t, HardwareAwarePolicy) else t for t in trees]
 
     shared = shared_settings(cfg, dtypes.dtype)
     per_method = {e.label: e.settings() for e in entries} | {BASELINE: BASELINE_SETTINGS}
@@ -84,6 +90,15 @@ def run(cfg, overrides: list[str] | None = None) -> pd.DataFrame:
         print(summary[TABLE].to_string(index=False))
     print(f"run folder: {out}")
     return summary
+
+
+def _latency_curve(hw, machine, target, dtype: str, context: float):
+    """L(n) in ms for tree=hardware_aware: measured here (hw=cpu/cuda read the machine profile) or, for a board
+    spec one projects to, its roofline at the board's own bytes per parameter."""
+    if hw.peak_tflops == MEASURED:
+        return lambda n: machine.latency_ms(dtype, n, context)
+    shape = ModelShape.of(target.model)
+    return lambda n: 1e3 * roofline_step_time(shape, hw, n, context)
 
 
 def _latency_profile(cfg, target, hw, out, machine, dtype: str, context: float):
