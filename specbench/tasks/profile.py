@@ -48,5 +48,8 @@ def run(cfg) -> pd.DataFrame:
         print(f"choose_dtype(tree_size={n}): {choose_dtype(profile, n, contexts[0])[1]}")
     title = (f"{target.name} on {info['cpu_model']} ({info['cpu_capability']}, {info['threads']} threads): "
              f"measured vs roofline of measured peaks")
+    if "loadavg_1min" in info:
+        before, after = info["loadavg_1min"]
+        title += f"\n1-min load while measuring: {before:.1f} -> {after:.1f} on {info['cpus']} CPUs"
     print(f"plot: {profile_vs_roofline(errors, title, out / 'profile_vs_roofline.png')}")
     return errors
