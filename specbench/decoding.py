@@ -22,12 +22,13 @@ from specbench.verification import VerifyOutput, cache_bytes, commit_path, verif
 
 @dataclass
 class StepRecord:
-    tree_size: int  # nodes verified, root included
+    tree_size: int  # rows verified in the forward, root included (PPD's prompt-token rows too)
     tree_depth: int  # deepest draft node (0 for the root alone)
     accepted: int  # draft tokens accepted (the bonus token excluded)
     draft_time: float  # propose + observe
     verify_time: float  # the target forward
     step_time: float  # the whole step, bookkeeping included
+    tried_deeper: bool = True  # the last accepted node had children: one more depth was tried and failed
 
 
 @dataclass
@@ -103,8 +104,10 @@ class Decoder:
             t4 = self._clock()
             gen.tokens.extend(new_tokens)
             self._log_probs(gen, vout.logits[acc.path], new_tokens)
-            gen.steps.append(StepRecord(len(tree), int(tree.depths.max()), acc.accepted, draft_time=(t1 - t0) + (t4 - t3),
-                                        verify_time=t2 - t1, step_time=t4 - t0))
+            rows = len(tree) + (0 if extras is None else len(extras[1]))
+            gen.steps.append(StepRecord(rows, int(tree.depths.max()), acc.accepted, draft_time=(t1 - t0) + (t4 - t3),
+                                        verify_time=t2 - t1, step_time=t4 - t0,
+                                        tried_deeper=bool((tree.parents == acc.path[-1]).any())))
             done = self._finished(gen, new_tokens)
 
         gen.tokens = self._truncate(gen.tokens)

@@ -7,7 +7,7 @@ import pytest
 
 from specbench.decoding import Decoder
 from specbench.errors import SpecbenchError
-from specbench.evaluation.metrics import paired_speedup
+from specbench.evaluation.metrics import paired_speedup, per_depth_acceptance, summarize
 from specbench.evaluation.precision import DtypePlan, plan
 from specbench.hardware.machine import machine_info
 from specbench.hardware.machine_profile import MachineProfile, profile_path
@@ -204,3 +204,22 @@ def test_hardware_aware_tree_is_sized_from_the_machine_profile(tmp_path, monkeyp
     records = [json.loads(line) for line in (tmp_path / "run" / "records.jsonl").read_text().splitlines()]
     assert max(max(r["tree_sizes"]) for r in records if r["method"] == "draft_model") == expected
     assert expected == 6  # below the table's 7 nodes: the 7th node's tau gain no longer pays for its row
+
+
+def test_tau_and_per_depth_acceptance_from_hand_made_records():
+    """Two steps of an unbalanced tree: step 1 accepts 2 drafts and its depth-2 node is a leaf (nothing tried at
+    depth 3 although the tree reaches depth 4); step 2 accepts 1 draft and its node's children were tried. The steps
+    gained 3 + 2 tokens, but max_new_tokens cut the output at 4 (1 from prefill + 3)."""
+    row = {"method": "m", "question_id": "q", "turn": 0, "prompt_len": 10, "new_tokens": 4, "steps": 2, "accept_lengths": [3, 2],
+           "tree_depths": [4, 4], "tried_deeper": [False, True], "tree_sizes": [8, 8], "wall_time": 1.0,
+           "prefill_time": 0.1, "draft_time": 0.0, "verify_time": 0.5, "framework_times": [0.0, 0.0],
+           "output_ids": [1, 2, 3, 4], "kv_peak_bytes": 0, "drafter_params": 0, "drafter_bytes": 0,
+           "lossless_rule": True, "temperature": 0.0, "token_logprobs": []}
+    frame = pd.DataFrame([row])
+    # depth 1: eligible 2, accepted 2; depth 2: eligible 2 (step 1 accepted it, step 2 tried it), accepted 1;
+    # depth 3: step 1's depth-2 node is a leaf, step 2 stopped at depth 1: nobody eligible -> the curve ends
+    assert per_depth_acceptance(frame) == [1.0, 0.5]
+    legacy = frame.drop(columns=["tried_deeper"])  # by tree depth alone, step 1 counts as a failure at depth 3
+    assert per_depth_acceptance(legacy) == [1.0, 0.5, 0.0]
+    summary = summarize(frame.assign(method="autoregressive")).iloc[0]
+    assert summary["tau"] == pytest.approx((4 - 1) / 2)  # emitted decode tokens per step, not the 5 accepted

@@ -38,7 +38,10 @@ def test_ppd_greedy_output_equals_autoregressive(tiny, prompt_artifact, budget):
         ar = Decoder(tiny.model, AutoregressiveDrafter(), ExactAcceptance(), SamplingParams(), 40).generate(prompt)
         gen = Decoder(tiny.model, drafter, ExactAcceptance(), SamplingParams(), 40).generate(prompt)
         assert gen.tokens == ar.tokens
-        assert gen.steps[0].tree_size == 1 and max(s.tree_size for s in gen.steps) > 1
+        # every row of the forward is counted: after prefill the root and its m * n_e prompt tokens, then trees
+        # whose candidates and prompt tokens together fill at most the budget
+        assert gen.steps[0].tree_size == 1 + drafter.m * drafter.n_e
+        assert max(s.tree_size for s in gen.steps) <= budget and max(s.tree_size for s in gen.steps) > gen.steps[0].tree_size
 
 
 def test_prompt_token_chains_see_what_training_showed_them(tiny):

@@ -154,7 +154,7 @@ class Evaluator:
             "wall_time": gen.wall_time, "prefill_time": gen.prefill_time,
             "draft_time": sum(s.draft_time for s in gen.steps), "verify_time": sum(s.verify_time for s in gen.steps),
             "accept_lengths": gen.accept_lengths, "tree_sizes": [s.tree_size for s in gen.steps],
-            "tree_depths": [s.tree_depth for s in gen.steps],
+            "tree_depths": [s.tree_depth for s in gen.steps], "tried_deeper": [s.tried_deeper for s in gen.steps],
             "framework_times": [round(s.step_time - s.draft_time - s.verify_time, 7) for s in gen.steps],
             "output_ids": gen.tokens, "kv_peak_bytes": gen.kv_peak_bytes, "drafter_params": params,
             "drafter_bytes": nbytes, "accept": run.acceptance.name, "lossless_rule": run.acceptance.lossless,

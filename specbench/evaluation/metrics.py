@@ -1,12 +1,13 @@
 """Every metric, defined once, computed from records.jsonl rows (one per prompt, turn and method).
 
-tau: decode-phase new tokens / target forward steps, bonus included (AR = 1.00). tokens/s: new tokens / wall time,
+tau: decode-phase tokens emitted (new tokens past the prefill's, cut at EOS and max_new_tokens) / target forward
+steps, bonus included (AR = 1.00). tokens/s: new tokens / wall time,
 prefill included (Spec-Bench) and decode-only. speedup: Spec-Bench's ratio of means, method tokens/s over baseline
 tokens/s on the same prompts; speedup_paired: the mean over prompts of each prompt's own ratio, with a 95% BCa
 bootstrap interval over prompts (scipy). speedup_vs_fastest_ar: the same against the fastest plain decoding measured
 in the run, whatever its dtype (a method that only beats a slow baseline must not look like a win). overhead: mean step latency / mean AR step latency (Medusa). ideal speedup:
-tau * L(1) / L(n) with L from the latency profile (or from measured step times when there is none); efficiency =
-speedup / ideal.
+tau * L(1) / L(n) with L from the latency profile (or from measured step times when there is none), n the rows
+verified per forward; efficiency = decode_speedup / ideal, both without prefill.
 """
 
 from __future__ import annotations
@@ -23,12 +24,21 @@ BASELINE = "autoregressive"
 
 
 def per_depth_acceptance(rows: pd.DataFrame, max_depth: int = 16) -> list[float]:
-    """P(depth d accepted | depth d-1 accepted and the tree reached depth d), d = 1.."""
-    accepted = np.concatenate([np.asarray(a, dtype=int) - 1 for a in rows["accept_lengths"]]) if len(rows) else []
-    depths = np.concatenate([np.asarray(d, dtype=int) for d in rows["tree_depths"]]) if len(rows) else []
+    """P(depth d accepted | depth d-1 accepted and that node had children to try), d = 1..
+
+    Conditioning on the accepted node's own children, not on the tree's overall depth: in an unbalanced tree a leaf
+    accepted at depth d-1 offered nothing at depth d and must not count as a failure there."""
+    if not len(rows):
+        return []
+    accepted = np.concatenate([np.asarray(a, dtype=int) - 1 for a in rows["accept_lengths"]])
+    if "tried_deeper" in rows:
+        tried = np.concatenate([np.asarray(t, dtype=bool) for t in rows["tried_deeper"]])
+    else:  # records written before tried_deeper existed: the tree's depth is all they hold
+        depths = np.concatenate([np.asarray(d, dtype=int) for d in rows["tree_depths"]])
+        tried = depths > accepted
     out = []
     for d in range(1, max_depth + 1):
-        eligible = (accepted >= d - 1) & (depths >= d)
+        eligible = (accepted >= d) | ((accepted == d - 1) & tried)
         if not eligible.any():
             break
         out.append(float((accepted[eligible] >= d).mean()))
@@ -91,8 +101,7 @@ def summarize(records: pd.DataFrame, latency_profile: pd.DataFrame | None = None
     rows = []
     for method, grp in records.groupby("method", sort=False):
         steps = grp["steps"].sum()
-        decode_tokens = sum(sum(a) for a in grp["accept_lengths"])
-        tau = decode_tokens / steps if steps else math.nan
+        tau = (grp["new_tokens"] - 1).sum() / steps if steps else math.nan
         mean_tree = np.mean(np.concatenate([np.asarray(t) for t in grp["tree_sizes"]])) if steps else math.nan
         tps = _tokens_per_s(grp)
         step = _mean_step(grp)
@@ -100,6 +109,7 @@ def summarize(records: pd.DataFrame, latency_profile: pd.DataFrame | None = None
         ln = latency_at(latency_profile, mean_tree) or _mean_verify(grp)
         ideal = tau * l1 / ln if l1 and ln else math.nan
         speedup = tps / base_tps if base_tps else math.nan
+        decode_speedup = _decode_tokens_per_s(grp) / _decode_tokens_per_s(base) if len(base) else math.nan
         context = float(np.mean(grp["prompt_len"] + grp["new_tokens"] / 2))
         projected = (tau * projected_step(1, context) / projected_step(mean_tree, context)
                      if projected_step and steps else math.nan)
@@ -109,14 +119,17 @@ def summarize(records: pd.DataFrame, latency_profile: pd.DataFrame | None = None
             "tau": tau,
             "mean_tree_size": mean_tree,
             "tokens_per_s": tps,
-            "decode_tokens_per_s": (grp["new_tokens"] - 1).sum() / (grp["wall_time"] - grp["prefill_time"]).sum(),
+            "decode_tokens_per_s": _decode_tokens_per_s(grp),
             "speedup": speedup,
+            "decode_speedup": decode_speedup,
             "overhead": step / base_step if base_step else math.nan,
             "draft_ms_per_step": 1e3 * grp["draft_time"].sum() / steps if steps else math.nan,
             "verify_ms_per_step": 1e3 * grp["verify_time"].sum() / steps if steps else math.nan,
             "ideal_speedup": ideal,
-            "efficiency": speedup / ideal if ideal else math.nan,
+            "efficiency": decode_speedup / ideal if ideal else math.nan,
             "projected_speedup": projected,
+            "projected_tokens_per_s": tau / projected_step(mean_tree, context) if projected_step and steps
+            else math.nan,
             "framework_ms_per_step": 1e3 * float(np.median(np.concatenate([np.asarray(f) for f in grp["framework_times"]])))
             if steps else math.nan,
             "lossless_match": _lossless_match(grp, base),
@@ -155,6 +168,10 @@ def _distribution_check(grp: pd.DataFrame, base: pd.DataFrame) -> dict:
 
 def _tokens_per_s(grp: pd.DataFrame) -> float:
     return grp["new_tokens"].sum() / grp["wall_time"].sum() if len(grp) and grp["wall_time"].sum() > 0 else math.nan
+
+
+def _decode_tokens_per_s(grp: pd.DataFrame) -> float:
+    return (grp["new_tokens"] - 1).sum() / (grp["wall_time"] - grp["prefill_time"]).sum()
 
 
 def _mean_step(grp: pd.DataFrame) -> float:

@@ -173,6 +173,8 @@ def load_or_measure_profile(target: LoadedModel, dtypes=None, sizes=SIZES, conte
         cached = MachineProfile.from_json(path.read_text())
         if cached.covers(dtypes, sizes, contexts):
             return cached
+    print(f"measuring this machine's profile of {target.name} once ({', '.join(dtypes)}; a few minutes), cached at "
+          f"{path}")
     load_before, frames = os.getloadavg()[0], []
     peaks = measure_peaks(device)
     for name in dtypes:
@@ -184,9 +186,18 @@ def load_or_measure_profile(target: LoadedModel, dtypes=None, sizes=SIZES, conte
     machine = {**machine_info(), "loadavg_1min": [load_before, os.getloadavg()[0]], "cpus": os.cpu_count()}
     profile = MachineProfile(machine, device.type, target.name, peaks,
                              pd.concat(frames, ignore_index=True)[["dtype", "context", "tokens", "ms"]])
+    if busy(machine):  # a profile taken beside other work would mislead every later run on this machine
+        print(f"warning: the machine was busy while profiling (1-min load {max(machine['loadavg_1min']):.1f} on "
+              f"{machine['cpus']} CPUs): this run uses the profile, but it is not cached; profile on a quiet machine")
+        return profile
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(profile.to_json())
     return profile
+
+
+def busy(machine: dict) -> bool:
+    """More runnable threads than cores besides this process's own (about one per core it uses)."""
+    return max(machine.get("loadavg_1min", [0.0])) > machine.get("cpus", 1) + 1
 
 
 def choose_dtype(profile: MachineProfile, tree_size: float, context: float) -> tuple[str, str]:
