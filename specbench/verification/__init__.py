@@ -1,6 +1,9 @@
 """One target forward over [root + tree] on top of the KV cache, and committing the accepted path into it."""
 
+from specbench.verification.batch_forward import (batch_tree_mask, commit_batch, keep_sequences, prefill_batch,
+                                                  verify_batch)
 from specbench.verification.kv_cache import cache_bytes, commit_path
 from specbench.verification.tree_forward import VerifyOutput, tree_attention_mask, verify_tree
 
-__all__ = ["VerifyOutput", "cache_bytes", "commit_path", "tree_attention_mask", "verify_tree"]
+__all__ = ["VerifyOutput", "batch_tree_mask", "cache_bytes", "commit_batch", "commit_path", "keep_sequences",
+           "prefill_batch", "tree_attention_mask", "verify_batch", "verify_tree"]

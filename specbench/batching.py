@@ -1,0 +1,186 @@
+"""Batched speculative decoding for any method: b prompts decoded together, one target forward per step.
+
+Every step each live sequence drafts on its own (its own drafter state, a loop), then one forward verifies all the
+trees (specbench.verification.batch_forward), and each sequence accepts, commits and stops on its own. A sequence
+runs exactly the single-sequence loop of specbench.decoding.Decoder: the same drafter calls in the same order, its
+own torch.Generator seeded like Decoder's, the same truncation, so its tokens equal Decoder.generate's (greedy, and
+under sampling when its drafter is deterministic); only the target's numerics differ (padded batch shapes).
+
+A finished sequence leaves the batch: its cache row is sliced out, so later forwards cost what the live sequences
+need (masking it would keep paying for its rows and its cache until the last sequence ends).
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from specbench.decoding import Decoder, Generation, StepRecord
+from specbench.drafters.base import DecodeState, Drafter, StepOutcome
+from specbench.errors import SpecbenchError
+from specbench.trees.policy import TreePolicy
+from specbench.verification import (VerifyOutput, cache_bytes, commit_batch, keep_sequences, prefill_batch,
+                                    verify_batch)
+
+
+def validate_batch_size(batch_size) -> int:
+    """eval.batch_size: prompts decoded together (1 decodes them one at a time)."""
+    if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+        raise SpecbenchError(f"eval.batch_size={batch_size!r} is invalid: it must be an integer >= 1 (the number of "
+                             f"prompts decoded together; 1 decodes one at a time)")
+    return batch_size
+
+
+def fork_drafter(drafter: Drafter) -> Drafter:
+    """A drafter for one sequence of a batch: it shares the weights and read-only indexes (Medusa heads, PPD prompt
+    tokens, a draft model, an SSSD datastore) and, once reset(), owns its per-generation state.
+
+    A shallow copy suffices for the drafters' own state because every drafter's reset()/propose() rebinds it (the
+    SSSD input index, the draft model's cache and generator, Medusa's and PPD's guesses) rather than mutating a shared
+    object. A tree policy may keep per-generation state as well (LLMCad's adaptive alpha) and the shallow copy would
+    share it, so the drafter's tree policies are copied one level too (static tables inside stay shared).
+    """
+    fork = copy.copy(drafter)
+    for name, value in vars(drafter).items():
+        if isinstance(value, TreePolicy):
+            setattr(fork, name, copy.copy(value))
+    return fork
+
+
+@dataclass
+class BatchStep:
+    batch_size: int  # live sequences verified by this forward
+    rows: int  # rows per sequence in the forward (the largest tree + extras this step; the others are padded)
+    cache_len: int  # cache slots per sequence before the forward (the longest live sequence)
+    tokens: int  # tokens all sequences gained this step, bonus tokens included (before EOS / max_new truncation)
+    draft_time: float  # every sequence's propose + observe
+    verify_time: float  # the one batched target forward
+    step_time: float
+
+
+@dataclass
+class BatchRun:
+    """What one generate_batch call cost as a batch, for throughput (the per-prompt records are the Generations)."""
+
+    batch_size: int
+    prefill_time: float
+    wall_time: float  # until the last sequence finished
+    steps: list[BatchStep] = field(default_factory=list)
+    kv_peak_bytes: int = 0  # the target's batch cache plus every drafter's, at their largest
+
+    @property
+    def tokens(self) -> int:
+        """Tokens the batch produced in all, prefill tokens included (before truncation)."""
+        return self.batch_size + sum(s.tokens for s in self.steps)
+
+
+class BatchDecoder(Decoder):
+    """Decoder's loop for b sequences at once; constructed like Decoder. generate_batch fills last_run."""
+
+    last_run: BatchRun | None = None
+
+    @torch.inference_mode()
+    def generate_batch(self, prompts: list[list[int]]) -> list[Generation]:
+        """One Generation per prompt, in order. Per sequence: steps and tokens as Decoder records them, draft_time
+        its own propose + observe, verify_time and step_time the batch's (the sequence waited that long),
+        prefill_time the batched prefill's, wall_time until that sequence finished, kv_peak_bytes its share of the
+        batch cache (its row, padding included) plus its drafter's."""
+        for prompt in prompts:
+            self._check_prompt(prompt)
+        if not prompts:
+            return []
+        b, want_hidden = len(prompts), self.drafter.needs_hidden_states
+        drafters = [fork_drafter(self.drafter) for _ in prompts]
+        generators = [torch.Generator().manual_seed(self.seed) for _ in prompts]
+        cache = DynamicCache()
+
+        start = self._clock()
+        lasts = prefill_batch(self.model, cache, prompts, want_hidden)
+        states = []
+        for prompt, last, drafter, generator in zip(prompts, lasts, drafters, generators):
+            first = self.sampling.sample(last.logits[0], generator)
+            states.append(DecodeState(tokens=list(prompt) + [first], prompt_len=len(prompt), last=last))
+            drafter.reset(states[-1])
+        prefill_time = self._clock() - start
+        run = self.last_run = BatchRun(b, prefill_time, 0.0, kv_peak_bytes=cache_bytes(cache))
+        gens = [Generation(len(p), [s.tokens[-1]], prefill_time=prefill_time, wall_time=0.0) for p, s in
+                zip(prompts, states)]
+        for gen, last in zip(gens, lasts):
+            self._log_probs(gen, last.logits, gen.tokens)
+            gen.kv_peak_bytes = cache_bytes(cache) // b  # a prompt answered by prefill alone
+        committed = [len(p) for p in prompts]  # per sequence: cache slots holding its tokens (all but the root)
+        live = list(range(b))  # sequence ids, in cache-row order
+        live = self._retire(cache, live, committed, gens, [[g.tokens[0]] for g in gens], start)
+
+        while live:
+            t0 = self._clock()
+            trees, extras, draft_times = [], [], []
+            for i in live:
+                a = self._clock()
+                trees.append(self._fit_context(drafters[i].propose(states[i]), committed[i]))
+                draft_times.append(self._clock() - a)
+                extras.append(drafters[i].verify_extras(trees[-1]))
+            t1 = self._clock()
+            past_len = cache.get_seq_length()
+            vouts = verify_batch(self.model, cache, trees, [committed[i] for i in live], want_hidden, extras)
+            t2 = self._clock()
+            rows = cache.get_seq_length() - past_len
+            total = cache_bytes(cache)
+            share = total // len(live)
+            run.kv_peak_bytes = max(run.kv_peak_bytes, total + sum(drafters[i].cache_bytes() for i in live))
+            accs = [self.acceptance.accept(tree, vout.logits[: len(tree)], self.sampling, generators[i])
+                    for i, tree, vout in zip(live, trees, vouts)]
+            new = commit_batch(cache, [committed[i] for i in live], past_len, [acc.path for acc in accs])
+            new_tokens = []
+            for i, n, tree, vout, acc in zip(live, new, trees, vouts, accs):
+                committed[i] = n
+                new_tokens.append(tree.tokens[acc.path[1:]].tolist() + [acc.next_token])
+                states[i].tokens.extend(new_tokens[-1])
+                states[i].last = VerifyOutput(vout.logits[acc.path], vout.hidden[acc.path] if want_hidden else None)
+            for k, (i, tree, vout, acc) in enumerate(zip(live, trees, vouts, accs)):
+                a = self._clock()
+                drafters[i].observe(StepOutcome(tree, acc.path, acc.next_token, vout))
+                draft_times[k] += self._clock() - a
+            t4 = self._clock()
+            for k, (i, tree, vout, acc) in enumerate(zip(live, trees, vouts, accs)):
+                gen = gens[i]
+                gen.tokens.extend(new_tokens[k])
+                self._log_probs(gen, vout.logits[acc.path], new_tokens[k])
+                gen.kv_peak_bytes = max(gen.kv_peak_bytes, share + drafters[i].cache_bytes())
+                gen.steps.append(StepRecord(len(tree), int(tree.depths.max()), acc.accepted, draft_time=draft_times[k],
+                                            verify_time=t2 - t1, step_time=t4 - t0))
+            run.steps.append(BatchStep(len(live), rows, past_len, sum(map(len, new_tokens)), sum(draft_times),
+                                       verify_time=t2 - t1, step_time=t4 - t0))
+            live = self._retire(cache, live, committed, gens, new_tokens, start)
+
+        run.wall_time = self._clock() - start
+        return gens
+
+    def _retire(self, cache, live: list[int], committed: list[int], gens: list[Generation],
+                new_tokens: list[list[int]], start: float) -> list[int]:
+        """Finish the sequences whose step ended them (new_tokens: each live sequence's, in order) and slice them out
+        of the cache; returns the sequences still decoding."""
+        still = [k for k, (i, tokens) in enumerate(zip(live, new_tokens)) if not self._finished(gens[i], tokens)]
+        if len(still) == len(live):
+            return live
+        now = self._clock() - start
+        for k, i in enumerate(live):
+            if k not in still:
+                gen = gens[i]
+                gen.tokens = self._truncate(gen.tokens)
+                gen.token_logprobs = gen.token_logprobs[: len(gen.tokens)]
+                gen.wall_time = now
+        if still:
+            keep_sequences(cache, still, [committed[i] for i in live])
+        return [live[k] for k in still]
+
+    def _check_prompt(self, prompt: list[int]) -> None:
+        """Decoder.generate's checks, made before any sequence starts."""
+        if len(prompt) == 0:
+            raise SpecbenchError("the prompt is empty: it must hold at least one token")
+        if len(prompt) >= self.max_context:
+            raise SpecbenchError(f"the prompt has {len(prompt)} tokens, more than the model's context of "
+                                 f"{self.max_context} allows; shorten it or pick a model with a longer context")
