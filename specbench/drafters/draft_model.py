@@ -1,4 +1,5 @@
-"""Classic speculative decoding with a separate draft model: a chain (tree=chain) or a tree (static/greedy/dynamic).
+"""Classic speculative decoding with a separate draft model: a chain (tree=chain) or a tree (static, greedy, dynamic,
+llmcad).
 
 The draft is any same-tokenizer model or an early-exit view of the target. It keeps its own KV cache: each propose
 first feeds the committed tokens the cache lacks, then the tree policy grows the draft level by level, each new
@@ -23,6 +24,7 @@ from specbench.errors import SpecbenchError
 from specbench.models.distilled_draft import load_distilled_draft
 from specbench.models.early_exit import early_exit
 from specbench.models.loading import LoadedModel
+from specbench.trees.llmcad import LLMCadPolicy
 from specbench.trees.policy import GrowingTree, TreePolicy
 from specbench.trees.token_tree import TokenTree
 from specbench.verification import cache_bytes, commit_path
@@ -44,7 +46,7 @@ def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:
 
 class DraftModelDrafter(Drafter):
     name = "draft_model"
-    tree_policies = ("chain", "dynamic", "static", "greedy")
+    tree_policies = ("chain", "dynamic", "static", "greedy", "llmcad")
 
     def __init__(self, target: LoadedModel, tree: TreePolicy, draft_model: LoadedModel | DictConfig | None = None,
                  early_exit_layers: int | None = None, checkpoint: str | None = None, temperature: float = 0.0,
@@ -52,12 +54,12 @@ class DraftModelDrafter(Drafter):
         """The draft is, first match wins: a distilled artifact (checkpoint), else exactly one of a model-group
         entry (draft_model) and the target's first early_exit_layers layers."""
         if checkpoint is not None and draft_model is not None:
-            raise SpecbenchError("method=draft_model got two drafts: method.checkpoint (a distilled draft) and "
-                                 "method.draft.model; set one of them to null")
+            raise SpecbenchError(f"method={self.name} got two drafts: method.checkpoint (a distilled draft) and "
+                                 f"method.draft.model; set one of them to null")
         if checkpoint is None and (draft_model is None) == (early_exit_layers is None):
-            raise SpecbenchError("method=draft_model needs exactly one draft: method.draft.early_exit_layers=N (the "
-                                 "target's first N layers), a model-group entry in method.draft.model (then set "
-                                 "method.draft.early_exit_layers=null) or a distilled draft in method.checkpoint")
+            raise SpecbenchError(f"method={self.name} needs exactly one draft: method.draft.early_exit_layers=N (the "
+                                 f"target's first N layers), a model-group entry in method.draft.model (then set "
+                                 f"method.draft.early_exit_layers=null) or a distilled draft in method.checkpoint")
         if isinstance(draft_model, DictConfig):  # a model-group node: load it like the target
             draft_model = instantiate(draft_model, dtype=str(target.model.dtype).removeprefix("torch."),
                                       device=str(target.model.device))
@@ -74,6 +76,8 @@ class DraftModelDrafter(Drafter):
     def reset(self, state: DecodeState) -> None:
         self.cache = DynamicCache()
         self.generator = None if self.sampling.greedy else torch.Generator().manual_seed(self.seed)
+        if isinstance(self.tree, LLMCadPolicy):  # its verification threshold adapts within one generation
+            self.tree.reset()
 
     def propose(self, state: DecodeState) -> TokenTree:
         self._tokens = state.tokens
@@ -126,6 +130,8 @@ class DraftModelDrafter(Drafter):
                 break
             kept.append(self._slots[node] - self._committed)
         commit_path(self.cache, self._committed, kept)
+        if isinstance(self.tree, LLMCadPolicy):
+            self.tree.observe(outcome.tree, outcome.path)
 
     def cache_bytes(self) -> int:
         return cache_bytes(self.cache)
