@@ -70,6 +70,11 @@ def test_settings_are_checked_before_any_model_or_data_loads(tmp_path):
     assert last_line(proc) == "error: eval.max_new_tokens=-5 is invalid: it must be an integer >= 1"
 
 
+def test_a_batch_size_of_zero_is_one_clear_line(tmp_path):
+    proc = run([*TINY, "eval.batch_size=0"], tmp_path)
+    assert proc.returncode == 2 and last_line(proc).startswith("error: eval.batch_size=0 is invalid")
+
+
 def test_an_unknown_method_in_a_methods_list_names_the_valid_ones(tmp_path):
     proc = run([*TINY, "methods=[pld,nonexistent]"], tmp_path)
     assert proc.returncode == 2

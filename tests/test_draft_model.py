@@ -171,11 +171,11 @@ def test_exactly_one_draft_must_be_chosen(target):
 
 
 def test_config_builds_an_early_exit_or_a_model_group_draft(tiny, tmp_path):
-    cfg = compose_cfg(["method=draft_model", "model=tiny_random", "tree=dynamic", "accept=rejection",
+    cfg = compose_cfg(["method=draft_model", "model=tiny_random", "method.checkpoint=null", "tree=dynamic", "accept=rejection",
                        "method.draft.early_exit_layers=1"], tmp_path)
     drafter = build_drafter(cfg.method.drafter, tiny, instantiate(cfg.tree))
     assert drafter.draft.name.endswith("[:1]") and drafter.parameters_bytes() == (0, 0)
-    cfg = compose_cfg(["method=draft_model", "model=tiny_random", "+model@method.draft.model=tiny_random",
+    cfg = compose_cfg(["method=draft_model", "model=tiny_random", "method.checkpoint=null", "+model@method.draft.model=tiny_random",
                        "method.draft.early_exit_layers=null"], tmp_path)
     drafter = build_drafter(cfg.method.drafter, tiny, instantiate(cfg.tree))
     assert drafter.draft.model is not tiny.model and drafter.parameters_bytes()[0] > 0

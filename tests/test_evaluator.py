@@ -197,7 +197,7 @@ def test_hardware_aware_tree_is_sized_from_the_machine_profile(tmp_path, monkeyp
     profile_path("tiny_random", "cpu").parent.mkdir(parents=True)
     profile_path("tiny_random", "cpu").write_text(profile.to_json())
     acc = [[0.6, 0.2], [0.5, 0.2]]
-    overrides = [*FAST, "method=draft_model", "method.draft.early_exit_layers=1", "tree=hardware_aware",
+    overrides = [*FAST, "method=draft_model", "method.checkpoint=null", "method.draft.early_exit_layers=1", "tree=hardware_aware",
                  f"tree.accept_prob={acc}", "tree.budget=16", "eval.num_prompts=1", "eval.first_turn_only=true"]
     eval_task.run(compose_cfg(overrides, tmp_path / "run"))
     expected, _ = best_budget(acc, lambda n: profile.latency_ms("float32", n, 128 + 24 / 2), 16)
@@ -223,3 +223,15 @@ def test_tau_and_per_depth_acceptance_from_hand_made_records():
     assert per_depth_acceptance(legacy) == [1.0, 0.5, 0.0]
     summary = summarize(frame.assign(method="autoregressive")).iloc[0]
     assert summary["tau"] == pytest.approx((4 - 1) / 2)  # emitted decode tokens per step, not the 5 accepted
+
+
+def test_batched_evaluation_stays_lossless_and_reports_throughput(tmp_path):
+    overrides = [*FAST, "eval.batch_size=3", "eval.num_prompts=4", "eval.latency_profile=false"]
+    summary = eval_task.run(compose_cfg(overrides, tmp_path)).set_index("method")
+    records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
+    assert len(records) == 16 and {r["batch_size"] for r in records} == {3, 1}  # 4 prompts = a batch of 3 and of 1
+    assert summary.loc["pld", "lossless_match"] == 1.0  # both turns, every sequence
+    per_batch = {r["batch_id"]: r["batch_wall_time"] for r in records if r["method"] == "pld"}
+    tokens = sum(r["new_tokens"] for r in records if r["method"] == "pld")
+    assert summary.loc["pld", "throughput_tokens_per_s"] == pytest.approx(tokens / sum(per_batch.values()))
+    assert summary.loc["pld", "throughput_tokens_per_s"] > summary.loc["pld", "tokens_per_s"]  # sequences overlap

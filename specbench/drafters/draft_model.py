@@ -46,7 +46,7 @@ def check_same_vocabulary(target: LoadedModel, draft: LoadedModel) -> None:
 
 class DraftModelDrafter(Drafter):
     name = "draft_model"
-    tree_policies = ("chain", "dynamic", "static", "greedy", "llmcad")
+    tree_policies = ("chain", "dynamic", "static", "greedy", "hardware_aware", "llmcad")
 
     def __init__(self, target: LoadedModel, tree: TreePolicy, draft_model: LoadedModel | DictConfig | None = None,
                  early_exit_layers: int | None = None, checkpoint: str | None = None, temperature: float = 0.0,

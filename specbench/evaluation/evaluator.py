@@ -6,6 +6,7 @@ load. It appends one record per prompt, turn and method, and the records become 
 from __future__ import annotations
 
 import json
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from tqdm import tqdm
 
 from specbench.acceptance.base import AcceptanceRule
 from specbench.acceptance.exact import ExactAcceptance
+from specbench.batching import BatchDecoder, validate_batch_size
 from specbench.data.prompts import Prompt, PromptDataset, encode_conversation
 from specbench.decoding import Decoder, Generation
 from specbench.drafters.autoregressive import AutoregressiveDrafter
@@ -35,12 +37,14 @@ class EvalSettings:
     baseline: bool = True  # run autoregressive decoding on the same prompts (needed for speedup and lossless match)
     first_turn_only: bool = False  # multi-turn prompts (MT-Bench): decode turn 1 only
     memory_probe: bool = True  # measure each method's peak allocation once, on a short untimed generation
+    batch_size: int = 1  # prompts decoded together, verified in one forward per step (batching.BatchDecoder)
 
     def __post_init__(self) -> None:
         for key, low in (("max_new_tokens", 1), ("warmup", 0)):
             value = getattr(self, key)
             if not isinstance(value, int) or isinstance(value, bool) or value < low:
                 raise SpecbenchError(f"eval.{key}={value!r} is invalid: it must be an integer >= {low}")
+        validate_batch_size(self.batch_size)
 
 
 @dataclass
@@ -68,7 +72,8 @@ class Evaluator:
         self.memory_path = self.run_dir / "memory.json"
 
     def _decoder(self, run: MethodRun) -> Decoder:
-        return Decoder((run.target or self.target).model, run.drafter, run.acceptance, self.sampling, self.settings.max_new_tokens,
+        cls = Decoder if self.settings.batch_size == 1 else BatchDecoder
+        return cls((run.target or self.target).model, run.drafter, run.acceptance, self.sampling, self.settings.max_new_tokens,
                        self.target.eos_token_ids, seed=self.settings.seed, max_context=self.target.max_context)
 
     def _turns(self, prompt: Prompt) -> int:
@@ -84,11 +89,19 @@ class Evaluator:
             if len(first) < self.target.max_context - 1:
                 self._warmup(decoders, first)
                 self._probe_memory(decoders, first)
-        bar = tqdm(todo, desc=f"{len(self.runs)} methods on {self.dataset.name}", unit="prompt", dynamic_ncols=True)
-        for prompt in bar:
+        b = self.settings.batch_size
+        chunks = [todo[i: i + b] for i in range(0, len(todo), b)]
+        bar = tqdm(total=len(todo), desc=f"{len(self.runs)} methods on {self.dataset.name}", unit="prompt",
+                   dynamic_ncols=True)
+        for chunk in chunks:
             for run, decoder in decoders:  # interleaved: every method meets the same machine state per prompt
-                self._conversation(run, decoder, prompt)
+                if b == 1:
+                    self._conversation(run, decoder, chunk[0])
+                else:
+                    self._batched_conversations(run, decoder, chunk)
+            bar.update(len(chunk))
             bar.set_postfix_str(self._postfix())
+        bar.close()
         return self.store.frame()
 
     def _ids(self, prompt: Prompt, answers: list[str]) -> list[int]:
@@ -109,6 +122,38 @@ class Evaluator:
             if done.get("skipped"):
                 return  # a later turn would need this one's answer
             answers.append(self.target.tokenizer.decode(done["output_ids"], skip_special_tokens=True))
+
+    def _batched_conversations(self, run: MethodRun, decoder: BatchDecoder, prompts: list[Prompt]) -> None:
+        """Turn k of every prompt in the chunk is decoded in one batch, each after its own answers to earlier turns;
+        every record also holds the batch's id and wall time, from which the summary computes throughput."""
+        answers: dict[str, list[str] | None] = {p.question_id: [] for p in prompts}  # None: a turn was skipped
+        for turn in range(max(self._turns(p) for p in prompts)):
+            pending = []
+            for prompt in prompts:
+                if turn >= self._turns(prompt) or answers[prompt.question_id] is None:
+                    continue
+                done = self.store.get(run.label, prompt.question_id, turn)
+                if done is None:
+                    ids = self._ids(prompt, answers[prompt.question_id])
+                    if len(ids) >= self.target.max_context - 1:
+                        done = self._append(run, prompt, turn, {"skipped": True, "prompt_len": len(ids)})
+                    else:
+                        pending.append((prompt, ids))
+                        continue
+                self._answer(answers, prompt, done)
+            if pending:
+                gens = decoder.generate_batch([ids for _, ids in pending])
+                batch = {"batch_size": len(pending), "batch_id": uuid.uuid4().hex[:12],
+                         "batch_wall_time": decoder.last_run.wall_time}
+                for (prompt, _), gen in zip(pending, gens):
+                    self._answer(answers, prompt, self._append(run, prompt, turn, self._fields(run, gen) | batch))
+
+    def _answer(self, answers: dict, prompt: Prompt, record: dict) -> None:
+        if record.get("skipped"):
+            answers[prompt.question_id] = None
+        else:
+            answers[prompt.question_id].append(
+                self.target.tokenizer.decode(record["output_ids"], skip_special_tokens=True))
 
     def _append(self, run: MethodRun, prompt: Prompt, turn: int, fields: dict) -> dict:
         record = {"method": run.label, "method_name": run.method_name, "question_id": prompt.question_id,
@@ -149,7 +194,8 @@ class Evaluator:
 
     def _fields(self, run: MethodRun, gen: Generation) -> dict:
         params, nbytes = run.drafter.parameters_bytes()
-        return {
+        adaptive = getattr(getattr(run.drafter, "tree", None), "alpha_history", None)  # LLMCad's trigger, per step
+        return ({"alpha_history": list(adaptive)} if adaptive is not None and len(adaptive) == len(gen.steps) else {}) | {
             "prompt_len": gen.prompt_len, "new_tokens": len(gen.tokens), "steps": len(gen.steps),
             "wall_time": gen.wall_time, "prefill_time": gen.prefill_time,
             "draft_time": sum(s.draft_time for s in gen.steps), "verify_time": sum(s.verify_time for s in gen.steps),

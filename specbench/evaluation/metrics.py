@@ -2,7 +2,8 @@
 
 tau: decode-phase tokens emitted (new tokens past the prefill's, cut at EOS and max_new_tokens) / target forward
 steps, bonus included (AR = 1.00). tokens/s: new tokens / wall time,
-prefill included (Spec-Bench) and decode-only. speedup: Spec-Bench's ratio of means, method tokens/s over baseline
+prefill included (Spec-Bench) and decode-only; with eval.batch_size > 1, tokens_per_s is per sequence (each until it
+finished: its latency) and throughput_tokens_per_s the batch's. speedup: Spec-Bench's ratio of means, method tokens/s over baseline
 tokens/s on the same prompts; speedup_paired: the mean over prompts of each prompt's own ratio, with a 95% BCa
 bootstrap interval over prompts (scipy). speedup_vs_fastest_ar: the same against the fastest plain decoding measured
 in the run, whatever its dtype (a method that only beats a slow baseline must not look like a win). overhead: mean step latency / mean AR step latency (Medusa). ideal speedup:
@@ -119,6 +120,8 @@ def summarize(records: pd.DataFrame, latency_profile: pd.DataFrame | None = None
             "tau": tau,
             "mean_tree_size": mean_tree,
             "tokens_per_s": tps,
+            "throughput_tokens_per_s": _throughput(grp),
+            "throughput_speedup": _throughput(grp) / _throughput(base) if len(base) else math.nan,
             "decode_tokens_per_s": _decode_tokens_per_s(grp),
             "speedup": speedup,
             "decode_speedup": decode_speedup,
@@ -168,6 +171,15 @@ def _distribution_check(grp: pd.DataFrame, base: pd.DataFrame) -> dict:
 
 def _tokens_per_s(grp: pd.DataFrame) -> float:
     return grp["new_tokens"].sum() / grp["wall_time"].sum() if len(grp) and grp["wall_time"].sum() > 0 else math.nan
+
+
+def _throughput(grp: pd.DataFrame) -> float:
+    """Tokens per second of the machine: with eval.batch_size > 1 the sequences of a batch share its wall time."""
+    if "batch_id" not in grp or grp["batch_id"].isna().all():
+        return _tokens_per_s(grp)
+    batches = grp.dropna(subset=["batch_id"]).drop_duplicates("batch_id")["batch_wall_time"].sum()
+    single = grp[grp["batch_id"].isna()]["wall_time"].sum()
+    return grp["new_tokens"].sum() / (batches + single)
 
 
 def _decode_tokens_per_s(grp: pd.DataFrame) -> float:

@@ -44,7 +44,7 @@ def run(cfg, overrides: list[str] | None = None) -> pd.DataFrame:
     out = run_dir(cfg)
     settings = EvalSettings(max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.eval.seed, warmup=cfg.eval.warmup,
                             baseline=cfg.eval.baseline, first_turn_only=cfg.eval.first_turn_only,
-                            memory_probe=cfg.eval.memory_probe)
+                            memory_probe=cfg.eval.memory_probe, batch_size=cfg.eval.batch_size)
     check_dtype(cfg.eval.dtype)
     sampling = SamplingParams(**cfg.sampling)
     if overrides is None and HydraConfig.initialized():
