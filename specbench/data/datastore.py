@@ -19,10 +19,10 @@ from typing import Iterable, Sequence
 import numpy as np
 from pydivsufsort import divsufsort
 
+from specbench.data.prompts import HELD_OUT_FROM
 from specbench.errors import SpecbenchError
 from specbench.models.loading import cache_root
 
-HELD_OUT_FROM = 10_000  # data.prompts.sharegpt's offset: evaluation prompts start at this ShareGPT conversation
 
 
 @dataclass

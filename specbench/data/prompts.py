@@ -72,13 +72,26 @@ def humaneval() -> list[Prompt]:
             for r in rows]
 
 
-def sharegpt(offset: int = 10_000, count: int = 400) -> list[Prompt]:
+HELD_OUT_FROM = 10_000  # ShareGPT conversations from here on are evaluation prompts: no drafter or datastore sees them
+
+
+def sharegpt(offset: int = HELD_OUT_FROM, count: int = 400) -> list[Prompt]:
     """First user turns of ShareGPT conversations far past the ones drafters train on (training takes the first few
     thousand), so evaluation prompts are held out."""
     from specbench.data.sharegpt import read_sharegpt
 
     return [Prompt(f"sharegpt-{offset + i}", "sharegpt", (conv[0]["content"],))
             for i, conv in enumerate(read_sharegpt(offset + count)[offset:])]
+
+
+def summarization(offset: int = HELD_OUT_FROM, count: int = 10_000, max_chars: int = 3000) -> list[Prompt]:
+    """Held-out ShareGPT first turns that ask for a summary of text they carry (Spec-Bench's summarisation category
+    uses CNN/DM, which no offline package ships): the answer copies from the prompt, where n-gram drafters shine."""
+    from specbench.data.sharegpt import read_sharegpt
+
+    return [Prompt(f"sharegpt-{offset + i}", "summarization", (conv[0]["content"],))
+            for i, conv in enumerate(read_sharegpt(offset + count)[offset:])
+            if "summar" in conv[0]["content"].lower() and 400 <= len(conv[0]["content"]) <= max_chars]
 
 
 class PromptDataset:
@@ -128,7 +141,8 @@ def load_dataset(name: str, source: str, path: str | None = None, num_prompts: i
     return PromptDataset(name, prompts, num_prompts, categories, round_robin)
 
 
-SOURCES = {"mt_bench": mt_bench, "humaneval": humaneval, "sharegpt": sharegpt, "jsonl": None}
+SOURCES = {"mt_bench": mt_bench, "humaneval": humaneval, "sharegpt": sharegpt, "summarization": summarization,
+           "jsonl": None}
 
 
 def encode_conversation(tokenizer, turns: list[str] | tuple[str, ...], answers: list[str],

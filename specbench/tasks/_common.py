@@ -8,6 +8,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 
 from specbench.config import build
+from specbench.evaluation.precision import AUTO
 from specbench.hardware.spec import HardwareSpec
 from specbench.models.loading import LoadedModel
 
@@ -19,9 +20,15 @@ def run_dir(cfg) -> Path:
     return Path(cfg.run_dir)
 
 
+def load_dtype(cfg) -> str:
+    """The dtype a task loads the target in: eval.dtype, or float32 under auto (the dtype that proves losslessness;
+    the evaluator casts it once the machine profile has chosen)."""
+    return "float32" if cfg.eval.dtype == AUTO else cfg.eval.dtype
+
+
 def setup_target(cfg, dtype: str | None = None) -> tuple[HardwareSpec, LoadedModel]:
-    """The hardware spec (its device checked and activated) and the target in `dtype` (default: eval.dtype)."""
+    """The hardware spec (its device checked and activated) and the target in `dtype` (default: load_dtype)."""
     hw: HardwareSpec = build(cfg.hw)
     device = hw.activate()
     torch.manual_seed(cfg.seed)
-    return hw, build(cfg.model, dtype=dtype or cfg.eval.dtype, device=str(device))
+    return hw, build(cfg.model, dtype=dtype or load_dtype(cfg), device=str(device))

@@ -53,7 +53,7 @@ def run(cfg, overrides: list[str] | None = None) -> pd.DataFrame:
     trees = [build(e.cfg.tree) for e in entries]
     for entry, tree in zip(entries, trees):
         check_tree(entry.cfg.method.drafter, tree)
-    hw, loaded = setup_target(cfg, "float32" if cfg.eval.dtype == AUTO else cfg.eval.dtype)
+    hw, loaded = setup_target(cfg)
     sized = any(isinstance(t, HardwareAwarePolicy) for t in trees)
     machine = load_or_measure_profile(loaded) if cfg.eval.dtype == AUTO or cfg.eval.fastest_ar or sized else None
     context = cfg.eval.profile_context + cfg.eval.max_new_tokens / 2

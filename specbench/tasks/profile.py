@@ -5,11 +5,10 @@ Contexts default to 128 and 1024; `+eval.profile_contexts=[128,512,1024,2048]` w
 
 from __future__ import annotations
 
-import shutil
 
 import pandas as pd
 
-from specbench.hardware.machine_profile import (as_spec, choose_dtype, load_or_measure_profile, profile_path,
+from specbench.hardware.machine_profile import (as_spec, choose_dtype, load_or_measure_profile,
                                                 roofline_error)
 from specbench.hardware.plots import profile_vs_roofline
 from specbench.hardware.roofline import ModelShape
@@ -23,14 +22,9 @@ def run(cfg) -> pd.DataFrame:
     contexts = list(cfg.eval.get("profile_contexts", [128, 1024]))
     profile = load_or_measure_profile(target, sizes=list(cfg.eval.profile_sizes), contexts=contexts,
                                       repeats=cfg.eval.profile_repeats)
-    shutil.copy(profile_path(target.name, profile.device), out / "machine_profile.json")
+    (out / "machine_profile.json").write_text(profile.to_json())  # load_or_measure_profile warns if it was busy
     info = profile.machine
     peaks = profile.peaks
-    load = max(info.get("loadavg_1min", [0.0]))
-    if load > 0.5 * info.get("cpus", 1):
-        print(f"warning: the machine was busy while profiling (1-min load {load:.1f} on {info['cpus']} CPUs); other "
-              f"processes inflate L(n). Delete {profile_path(target.name, profile.device)} and re-run on a quiet "
-              f"machine.")
     print(f"machine: {info['cpu_model']} ({info['cpu_capability']}), {info['threads']} threads, "
           f"gpu {info['gpu_name']}, torch {info['torch_version']}")
     print("peak matmul TFLOP/s: " + ", ".join(f"{d} {v:.3f}" for d, v in peaks["peak_tflops"].items())
