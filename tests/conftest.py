@@ -27,3 +27,18 @@ def compose_cfg(overrides: list[str], run_dir: Path | None = None):
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         extra = [f"run_dir={run_dir}", "~logger"] if run_dir is not None else []
         return compose(config_name="config", overrides=overrides + extra)
+
+
+def random_medusa_artifact(path: Path, target, rank_accuracy: list[list[float]]) -> Path:
+    """A Medusa artifact of 3 random heads for `target` (a LoadedModel), with the given per-head rank accuracies."""
+    from specbench.drafters.medusa import MedusaHeads
+    from specbench.models.artifact import save_artifact
+
+    torch.manual_seed(1)
+    cfg = target.model.config
+    heads = MedusaHeads(cfg.hidden_size, cfg.vocab_size, num_heads=3)
+    for p in heads.parameters():
+        torch.nn.init.normal_(p, std=0.05)
+    arch = {"hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size, "num_heads": 3, "num_layers": 1,
+            "tie_lm_head": True}
+    return save_artifact(path, "medusa", target, arch, heads.state_dict(), metrics={"rank_accuracy": rank_accuracy})

@@ -12,7 +12,7 @@ from specbench.batching import BatchDecoder, fork_drafter, validate_batch_size
 from specbench.decoding import Decoder
 from specbench.drafters.autoregressive import AutoregressiveDrafter
 from specbench.drafters.draft_model import DraftModelDrafter
-from specbench.drafters.medusa import MedusaDrafter, MedusaHeads
+from specbench.drafters.medusa import MedusaDrafter
 from specbench.drafters.pld import PromptLookupDrafter
 from specbench.drafters.ppd import PPDDrafter, PromptTokens
 from specbench.drafters.sssd import SSSDDrafter
@@ -25,6 +25,8 @@ from specbench.trees.greedy import GreedyPolicy
 from specbench.trees.native import NativePolicy
 from specbench.trees.token_tree import TokenTree
 from specbench.verification import commit_batch, commit_path, prefill_batch, verify_batch, verify_tree
+
+from .conftest import random_medusa_artifact
 
 VOCAB, MAX_NEW = 64, 24
 ACC = [[0.5, 0.2, 0.1, 0.05], [0.4, 0.2, 0.1, 0.05], [0.3, 0.1, 0.1, 0.05]]
@@ -67,15 +69,8 @@ def autoregressive(target, prompts):
 
 @pytest.fixture(scope="module")
 def medusa_artifact(tmp_path_factory, target):
-    torch.manual_seed(1)
-    cfg = target.model.config
-    heads = MedusaHeads(cfg.hidden_size, cfg.vocab_size, num_heads=3)
-    for p in heads.parameters():
-        torch.nn.init.normal_(p, std=0.05)
-    arch = {"hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size, "num_heads": 3, "num_layers": 1,
-            "tie_lm_head": True}
-    return str(save_artifact(tmp_path_factory.mktemp("medusa") / "m.safetensors", "medusa", target, arch,
-                             heads.state_dict(), metrics={"rank_accuracy": [row[:3] for row in ACC]}))
+    return str(random_medusa_artifact(tmp_path_factory.mktemp("medusa") / "m.safetensors", target,
+                                      [row[:3] for row in ACC]))
 
 
 @pytest.fixture(scope="module")

@@ -5,9 +5,7 @@ worked example, bad input ends in one clear line, and the memory-budget projecti
 from __future__ import annotations
 
 import copy
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
 import torch
@@ -29,7 +27,6 @@ from specbench.trees.llmcad import LLMCadPolicy
 from .conftest import compose_cfg
 from .test_draft_model import PROMPTS, lively_tiny, noisy_copy
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 class FixedDraft:
@@ -250,19 +247,11 @@ def test_two_drafts_are_refused(tiny):
                       early_exit_layers=1)
 
 
-# The memory-budget projection (experiments/issue12_llmcad/projection.py)
-
-
-def projection_module():
-    path = ROOT / "experiments/issue12_llmcad/projection.py"
-    spec = importlib.util.spec_from_file_location("llmcad_projection", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+# The memory-budget projection (specbench/hardware/llmcad.py, added to the summary by task=eval)
 
 
 def test_projection_of_a_summary_row_under_a_memory_budget(tmp_path):
-    project = projection_module().project_llmcad
+    project = llmcad.project_llmcad
     jetson = build(compose_cfg(["hw=jetson", "hw.memory_gb=4"], tmp_path).hw)
     target, draft = named_shape("llama2_7b"), named_shape("tinyllama_1.1b")
     got = project({"tau": 2.5, "mean_tree_size": 5.0}, jetson, target, draft)

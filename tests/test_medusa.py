@@ -8,14 +8,13 @@ from specbench.acceptance.exact import ExactAcceptance
 from specbench.sampling import SamplingParams
 from specbench.decoding import Decoder
 from specbench.drafters.autoregressive import AutoregressiveDrafter
-from specbench.drafters.medusa import MedusaDrafter, MedusaHeads
+from specbench.drafters.medusa import MedusaDrafter
 from specbench.errors import SpecbenchError
 from specbench.tasks.train import train
-from specbench.models.artifact import save_artifact
 from specbench.trees.greedy import GreedyPolicy
 from specbench.trees.static import StaticPolicy
 
-from .conftest import compose_cfg
+from .conftest import compose_cfg, random_medusa_artifact
 from .test_training import SMALL
 
 PROMPTS = [[5, 17, 99, 3, 42, 42, 7], [200, 201, 202, 5, 5, 5, 5, 9], list(range(60, 90))]
@@ -23,16 +22,8 @@ PROMPTS = [[5, 17, 99, 3, 42, 42, 7], [200, 201, 202, 5, 5, 5, 5, 9], list(range
 
 @pytest.fixture(scope="module")
 def heads_artifact(tmp_path_factory, tiny):
-    torch.manual_seed(1)
-    cfg = tiny.model.config
-    heads = MedusaHeads(cfg.hidden_size, cfg.vocab_size, num_heads=3)
-    for p in heads.parameters():
-        torch.nn.init.normal_(p, std=0.05)
-    arch = {"hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size, "num_heads": 3, "num_layers": 1,
-            "tie_lm_head": True}
     acc = [[0.5, 0.2, 0.1], [0.4, 0.2, 0.1], [0.3, 0.1, 0.1]]
-    return save_artifact(tmp_path_factory.mktemp("medusa") / "m.safetensors", "medusa", tiny, arch,
-                         heads.state_dict(), metrics={"rank_accuracy": acc})
+    return random_medusa_artifact(tmp_path_factory.mktemp("medusa") / "m.safetensors", tiny, acc)
 
 
 def decode(tiny, drafter, prompt, n=40):

@@ -24,7 +24,6 @@ from specbench.errors import SpecbenchError
 from specbench.models.distilled_draft import load_distilled_draft
 from specbench.models.early_exit import early_exit
 from specbench.models.loading import LoadedModel
-from specbench.trees.llmcad import LLMCadPolicy
 from specbench.trees.policy import GrowingTree, TreePolicy
 from specbench.trees.token_tree import TokenTree
 from specbench.verification import cache_bytes, commit_path
@@ -76,8 +75,7 @@ class DraftModelDrafter(Drafter):
     def reset(self, state: DecodeState) -> None:
         self.cache = DynamicCache()
         self.generator = None if self.sampling.greedy else torch.Generator().manual_seed(self.seed)
-        if isinstance(self.tree, LLMCadPolicy):  # its verification threshold adapts within one generation
-            self.tree.reset()
+        self.tree.reset()
 
     def propose(self, state: DecodeState) -> TokenTree:
         self._tokens = state.tokens
@@ -130,8 +128,7 @@ class DraftModelDrafter(Drafter):
                 break
             kept.append(self._slots[node] - self._committed)
         commit_path(self.cache, self._committed, kept)
-        if isinstance(self.tree, LLMCadPolicy):
-            self.tree.observe(outcome.tree, outcome.path)
+        self.tree.observe(outcome.tree, outcome.path)
 
     def cache_bytes(self) -> int:
         return cache_bytes(self.cache)

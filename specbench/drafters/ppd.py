@@ -16,7 +16,7 @@ from specbench.drafters.base import DecodeState, Drafter, StepOutcome
 from specbench.drafters.ppd_tree import PPDState, dynamic_sparse_tree
 from specbench.errors import SpecbenchError
 from specbench.models.artifact import load_artifact
-from specbench.trees.policy import GrowingTree
+from specbench.trees.policy import GrowingTree, TreePolicy
 from specbench.trees.token_tree import TokenTree
 
 

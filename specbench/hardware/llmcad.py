@@ -7,6 +7,9 @@ pipeline also hides the draft's forwards under the next load (compute never over
 
 from __future__ import annotations
 
+import math
+from collections.abc import Mapping
+
 import pandas as pd
 
 from specbench.errors import SpecbenchError
@@ -50,3 +53,23 @@ def streaming_latency(target: ModelShape, draft: ModelShape, hw: HardwareSpec, b
                    "target_gb": target.weight_bytes / 1e9, "draft_gb": draft.weight_bytes / 1e9,
                    "load_ms": 1e3 * load}
     return frame
+
+
+def project_llmcad(row: Mapping, hw: HardwareSpec, target: ModelShape, draft: ModelShape, context: float = 256,
+                   dtype: str | None = None) -> dict[str, float]:
+    """projected_* columns for one summary row (its tau and mean_tree_size) when hw.memory_gb, the memory budget,
+    cannot hold the target's weights at the board's dtype; {} when it can. A row without drafts (autoregressive)
+    gets plain streaming decoding. The draft forwards per step are taken as mean_tree_size - 1: exact for a chain,
+    an upper bound for a tree (one forward can add several branches)."""
+    tau, tree_size = float(row["tau"]), float(row["mean_tree_size"])
+    frame = streaming_latency(target, draft, hw, hw.memory, max(tau, 1.0), max(tree_size - 1, 1.0), context, dtype)
+    if frame.attrs["streamed_gb"] == 0:
+        return {}
+    per_token = frame["per_token_ms"].tolist()  # no budget, plain streaming, speculative, speculative + overlap
+    drafted = tree_size > 1
+    stream, overlap = (per_token[2], per_token[3]) if drafted else (per_token[1], per_token[1])
+    return {"projected_budget_gb": frame.attrs["budget_gb"], "projected_streamed_gb": frame.attrs["streamed_gb"],
+            "projected_target_calls_per_token": 1 / tau if tau > 0 else math.nan,
+            "projected_ar_streaming_ms_per_token": per_token[1],
+            "projected_streaming_ms_per_token": stream, "projected_overlap_ms_per_token": overlap,
+            "projected_streaming_speedup": per_token[1] / stream, "projected_overlap_speedup": per_token[1] / overlap}

@@ -25,6 +25,7 @@ from specbench.hardware.roofline import ModelShape, roofline_step_time
 from specbench.acceptance.exact import ExactAcceptance
 from specbench.drafters.autoregressive import AutoregressiveDrafter
 from specbench.evaluation.precision import AUTO, check_dtype, plan
+from specbench.hardware.llmcad import project_llmcad
 from specbench.hardware.machine_profile import load_or_measure_profile
 from specbench.hardware.spec import MEASURED
 from specbench.trees.hardware_aware import HardwareAwarePolicy
@@ -83,6 +84,7 @@ def run(cfg, overrides: list[str] | None = None) -> pd.DataFrame:
     profile = _latency_profile(cfg, target, hw, out, machine, dtypes.dtype, context)
     summary = summarize(records, profile, partial(roofline_step_time, ModelShape.of(target.model), hw),
                         evaluator.memory())
+    summary = _with_streaming(summary, {r.label: r.drafter for r in evaluator.runs}, target, hw)
     _write_summary(summary, out)
     plots = save_plots(decoded(records), summary, out / "plots", profile)
     log_run(build(cfg.logger) if cfg.get("logger") else None, cfg, summary, plots)
@@ -90,6 +92,20 @@ def run(cfg, overrides: list[str] | None = None) -> pd.DataFrame:
         print(summary[TABLE].to_string(index=False))
     print(f"run folder: {out}")
     return summary
+
+
+def _with_streaming(summary: pd.DataFrame, drafters: dict, target, hw) -> pd.DataFrame:
+    """LLMCad's projection where hw's memory budget cannot hold the target: per-token latency with its weights
+    streamed from storage, and with drafting overlapped with the loads (projected_* columns; plain decoding and
+    draft-model methods, whose draft is what stays resident)."""
+    shape, rows = ModelShape.of(target.model), []
+    for _, row in summary.iterrows():
+        draft = getattr(drafters.get(row["method"]), "draft", None)
+        plain = row["method"] in drafters and isinstance(drafters[row["method"]], AutoregressiveDrafter)
+        extra = project_llmcad(row, hw, shape, ModelShape.of(draft.model) if draft else shape) if draft or plain \
+            else {}
+        rows.append(extra)
+    return pd.concat([summary, pd.DataFrame(rows, index=summary.index)], axis=1)
 
 
 def _latency_curve(hw, machine, target, dtype: str, context: float):

@@ -99,3 +99,9 @@ class TreePolicy(ABC):
     @abstractmethod
     def build(self, root: int, expander: DraftExpander) -> TokenTree:
         """Grow a tree under root by calling expander.expand on the nodes the policy chooses."""
+
+    def reset(self) -> None:
+        """A new generation starts (an adaptive policy, such as LLMCad's trigger, forgets what it learned)."""
+
+    def observe(self, tree: TokenTree, path: list[int]) -> None:
+        """The tree it built was verified and `path` accepted: an adaptive policy updates itself here."""
