@@ -95,7 +95,8 @@ def _alpha(records: pd.DataFrame, path: Path, note: str) -> Path:
         ax.step(range(1, len(alpha) + 1), alpha, where="post", label=f"{method} ({grp['question_id'].iloc[0]})")
     ax.set_yscale("log")
     ax.set_xlabel("verification step")
-    ax.set_ylabel("alpha (verify when the best branch's confidence < alpha)")
+    ax.set_ylabel("alpha (log scale)")
+    ax.set_title("drafting stops once the best branch's confidence falls below alpha", fontsize=8)
     return _save(fig, path, "LLMCad's adaptive verification threshold over one generation", note, ax)
 
 
