@@ -9,7 +9,6 @@ from omegaconf import DictConfig
 import specbench.config  # noqa: F401  (registers the resolvers the configs use)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is fetched from a hub at run time
-os.environ.setdefault("WANDB_MODE", "offline")
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

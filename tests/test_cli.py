@@ -90,8 +90,16 @@ def test_tiny_run_end_to_end(tmp_path):
     assert "pld" in proc.stdout and "autoregressive" in proc.stdout
 
 
-def test_wandb_logger_writes_an_offline_run(tmp_path):
-    proc = run([*TINY, "eval.num_prompts=1", "logger=wandb"], tmp_path)
+def test_wandb_logger_writes_an_offline_run(tmp_path, monkeypatch):
+    """Offline by the logger config alone (no WANDB_MODE): metrics, the plots and records.jsonl as an artifact."""
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    env = {k: v for k, v in os.environ.items() if k != "WANDB_MODE"}
+    proc = subprocess.run([sys.executable, "run.py", *TINY, "eval.num_prompts=1", "logger=wandb",
+                           f"hydra.run.dir={tmp_path}/run"], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    runs = list((tmp_path / "run" / "wandb").glob("offline-run-*/run-*.wandb"))
-    assert runs and runs[0].stat().st_size > 0
+    offline = list((tmp_path / "run" / "wandb").glob("offline-run-*"))
+    assert len(offline) == 1 and not list((tmp_path / "run" / "wandb").glob("run-*"))  # nothing went online
+    log = next(offline[0].glob("run-*.wandb")).read_bytes()
+    assert b"pld/tau" in log and b"records-" in log  # the metrics and the records artifact
+    assert list((offline[0] / "files" / "media" / "images").glob("plots_*.png"))

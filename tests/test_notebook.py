@@ -1,25 +1,28 @@
-"""The analysis notebook's code runs against a real (tiny) run folder."""
+"""The analysis notebook executes under nbclient (a real kernel) on run folders of two setups, and keeps them apart."""
 
-import json
 from pathlib import Path
 
-import matplotlib
+import nbformat
+from nbclient import NotebookClient
 
 from specbench.tasks import eval as eval_task
 
 from .conftest import compose_cfg
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "analysis.ipynb"
+TINY = ["model=tiny_random", "eval.num_prompts=2", "eval.max_new_tokens=8", "eval.warmup=0",
+        "eval.latency_profile=false", "eval.fastest_ar=false", "eval.memory_probe=false", "eval.first_turn_only=true"]
 
 
-def test_notebook_cells_execute_on_a_run_folder(tmp_path, monkeypatch):
-    matplotlib.use("Agg")
-    run = tmp_path / "outputs" / "eval" / "tiny_run"
-    eval_task.run(compose_cfg(["model=tiny_random", "eval.dtype=float32", "eval.num_prompts=2",
-                               "eval.max_new_tokens=8", "eval.warmup=0", "eval.latency_profile=false"], run))
-    monkeypatch.chdir(tmp_path)
-    scope: dict = {}
-    for cell in json.loads(NOTEBOOK.read_text())["cells"]:
-        if cell["cell_type"] == "code":
-            exec("".join(cell["source"]), scope)  # noqa: S102
-    assert len(scope["summary"]) == 2 and set(scope["records"]["method"]) == {"autoregressive", "pld"}
+def test_notebook_executes_and_groups_runs_by_provenance(tmp_path, monkeypatch):
+    for dtype in ("float32", "bfloat16"):  # two setups that must not be pooled
+        eval_task.run(compose_cfg([*TINY, f"eval.dtype={dtype}"], tmp_path / "outputs" / "eval" / dtype))
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    notebook = nbformat.read(NOTEBOOK, as_version=4)
+    NotebookClient(notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+                   ).execute()
+    printed = "".join(out.get("text", "") for cell in notebook.cells if cell.cell_type == "code"
+                      for out in cell.get("outputs", []))
+    assert "2 run folders" in printed and "2 setups" in printed
+    assert "float32" in printed and "bfloat16" in printed
+    assert not any(out.get("output_type") == "error" for cell in notebook.cells for out in cell.get("outputs", []))

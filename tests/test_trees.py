@@ -220,7 +220,8 @@ def test_task_calibrate_writes_the_json_tree_greedy_reads(tmp_path):
     from .conftest import compose_cfg
 
     out = tmp_path / "cal.json"
-    cfg = compose_cfg(["task=calibrate", "model=tiny_random", "method=draft_model", "method.draft.early_exit_layers=1",
+    cfg = compose_cfg(["task=calibrate", "model=tiny_random", "method=draft_model", "method.checkpoint=null",
+                       "method.draft.early_exit_layers=1",
                        "eval.dtype=float32", "eval.num_prompts=2", "eval.max_new_tokens=8",
                        "+calibration.depth=2", "+calibration.ranks=3", f"+calibration.out={out}"], tmp_path)
     dispatch(cfg)

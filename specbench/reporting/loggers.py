@@ -14,7 +14,7 @@ SCALARS = ["tau", "tokens_per_s", "decode_tokens_per_s", "speedup", "overhead", 
            "projected_speedup", "lossless_match", "method_mem_mb", "framework_ms_per_step", "speedup_paired"]
 
 
-def log_run(logger, cfg: DictConfig, summary: pd.DataFrame, plots: list[Path]) -> None:
+def log_run(logger, cfg: DictConfig, summary: pd.DataFrame, plots: list[Path], records: Path | None = None) -> None:
     if logger is None:
         return
     logger.log_hyperparams(OmegaConf.to_container(cfg, resolve=True))
@@ -25,6 +25,19 @@ def log_run(logger, cfg: DictConfig, summary: pd.DataFrame, plots: list[Path]) -
         table = summary.drop(columns=["per_depth_acceptance"]).astype(object)
         logger.log_table(key="summary", columns=list(table.columns), data=table.values.tolist())
         logger.log_image(key="plots", images=[str(p) for p in plots])
+        if records is not None:
+            log_artifact(logger, records, "records", "records")
     logger.save()
     if hasattr(logger, "experiment") and hasattr(logger.experiment, "finish"):
         logger.experiment.finish()
+
+
+def log_artifact(logger, path: Path, name: str, kind: str) -> None:
+    """A file (records.jsonl, a drafter's .safetensors with its .json) as a versioned W&B artifact of the run."""
+    import wandb
+
+    artifact = wandb.Artifact(f"{name}-{logger.experiment.id}", type=kind)
+    for file in [path, path.with_suffix(".json")] if path.suffix == ".safetensors" else [path]:
+        if file.exists():
+            artifact.add_file(str(file))
+    logger.experiment.log_artifact(artifact)

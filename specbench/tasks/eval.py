@@ -87,7 +87,7 @@ def run(cfg, overrides: list[str] | None = None) -> pd.DataFrame:
     summary = _with_streaming(summary, {r.label: r.drafter for r in evaluator.runs}, target, hw)
     _write_summary(summary, out)
     plots = save_plots(decoded(records), summary, out / "plots", profile)
-    log_run(build(cfg.logger) if cfg.get("logger") else None, cfg, summary, plots)
+    log_run(build(cfg.logger) if cfg.get("logger") else None, cfg, summary, plots, out / "records.jsonl")
     with pd.option_context("display.width", 250, "display.max_columns", 20, "display.precision", 3):
         print(summary[TABLE].to_string(index=False))
     print(f"run folder: {out}")

@@ -20,6 +20,7 @@ from specbench.errors import SpecbenchError
 from specbench.models.loading import cache_root
 from specbench.tasks._common import run_dir
 from specbench.models.artifact import save_artifact
+from specbench.reporting.loggers import log_artifact
 from specbench.training.datamodule import ShareGPTDataModule
 
 
@@ -71,6 +72,8 @@ def train(cfg: DictConfig, run_dir: Path, callbacks: list | None = None) -> dict
                         metrics)
     if getattr(module, "joint", False):  # Medusa-2: the heads go with the LoRA-tuned backbone
         module.backbone.save_pretrained(str(run_dir / "lora_adapter"))
+    if isinstance(trainer.logger, L.pytorch.loggers.WandbLogger):
+        log_artifact(trainer.logger, out, f"{method}-drafter", "drafter")
     summary = {"artifact": str(out), **{k: v for k, v in metrics.items() if k != "rank_accuracy"}}
     (run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2))
