@@ -150,8 +150,10 @@ class BatchDecoder(Decoder):
                 gen.tokens.extend(new_tokens[k])
                 self._log_probs(gen, vout.logits[acc.path], new_tokens[k])
                 gen.kv_peak_bytes = max(gen.kv_peak_bytes, share + drafters[i].cache_bytes())
-                gen.steps.append(StepRecord(len(tree), int(tree.depths.max()), acc.accepted, draft_time=draft_times[k],
-                                            verify_time=t2 - t1, step_time=t4 - t0))
+                rows_i = len(tree) + (0 if extras[k] is None else len(extras[k][1]))
+                gen.steps.append(StepRecord(rows_i, int(tree.depths.max()), acc.accepted, draft_time=draft_times[k],
+                                            verify_time=t2 - t1, step_time=t4 - t0,
+                                            tried_deeper=bool((tree.parents == acc.path[-1]).any())))
             run.steps.append(BatchStep(len(live), rows, past_len, sum(map(len, new_tokens)), sum(draft_times),
                                        verify_time=t2 - t1, step_time=t4 - t0))
             live = self._retire(cache, live, committed, gens, new_tokens, start)
@@ -177,10 +179,3 @@ class BatchDecoder(Decoder):
             keep_sequences(cache, still, [committed[i] for i in live])
         return [live[k] for k in still]
 
-    def _check_prompt(self, prompt: list[int]) -> None:
-        """Decoder.generate's checks, made before any sequence starts."""
-        if len(prompt) == 0:
-            raise SpecbenchError("the prompt is empty: it must hold at least one token")
-        if len(prompt) >= self.max_context:
-            raise SpecbenchError(f"the prompt has {len(prompt)} tokens, more than the model's context of "
-                                 f"{self.max_context} allows; shorten it or pick a model with a longer context")

@@ -62,14 +62,17 @@ class Decoder:
         self._sync()
         return time.perf_counter()
 
+    def _check_prompt(self, prompt_ids: list[int]) -> None:
+        if len(prompt_ids) == 0:
+            raise SpecbenchError("the prompt is empty: it must hold at least one token")
+        if len(prompt_ids) >= self.max_context:
+            raise SpecbenchError(f"the prompt has {len(prompt_ids)} tokens, more than the model's context of "
+                                 f"{self.max_context} allows; shorten it or pick a model with a longer context")
+
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int]) -> Generation:
+        self._check_prompt(prompt_ids)
         prompt_len = len(prompt_ids)
-        if prompt_len == 0:
-            raise SpecbenchError("the prompt is empty: it must hold at least one token")
-        if prompt_len >= self.max_context:
-            raise SpecbenchError(f"the prompt has {prompt_len} tokens, more than the model's context of "
-                                 f"{self.max_context} allows; shorten it or pick a model with a longer context")
         generator = torch.Generator().manual_seed(self.seed)
         cache = DynamicCache()
         want_hidden = self.drafter.needs_hidden_states

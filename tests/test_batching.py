@@ -148,6 +148,10 @@ def test_sampling_batch_equals_the_single_decoder_with_the_same_seed(target, pro
         for g, i in zip(batch, ids):
             assert g.tokens == single[i].tokens, f"b={b}"
             assert g.token_logprobs == pytest.approx(single[i].token_logprobs, abs=1e-4)
+            # the step records mean the same as the single decoder's: rows verified (PPD's prompt tokens included),
+            # accepted drafts, and whether a deeper level was tried
+            assert [(s.tree_size, s.accepted, s.tried_deeper) for s in g.steps] == [
+                (s.tree_size, s.accepted, s.tried_deeper) for s in single[i].steps], f"b={b}"
 
 
 def test_sequences_stop_on_their_own(target, prompts, autoregressive):
