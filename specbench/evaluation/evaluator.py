@@ -95,10 +95,7 @@ class Evaluator:
                    dynamic_ncols=True)
         for chunk in chunks:
             for run, decoder in decoders:  # interleaved: every method meets the same machine state per prompt
-                if b == 1:
-                    self._conversation(run, decoder, chunk[0])
-                else:
-                    self._batched_conversations(run, decoder, chunk)
+                self._conversations(run, decoder, chunk)
             bar.update(len(chunk))
             bar.set_postfix_str(self._postfix())
         bar.close()
@@ -108,24 +105,10 @@ class Evaluator:
         turns = prompt.turns[: len(answers) + 1]
         return encode_conversation(self.target.tokenizer, turns, answers, self.settings.chat_template)
 
-    def _conversation(self, run: MethodRun, decoder: Decoder, prompt: Prompt) -> None:
-        """Turn k is asked after this method's own answers to the earlier turns (Spec-Bench's multi-turn MT-Bench)."""
-        answers: list[str] = []
-        for turn in range(self._turns(prompt)):
-            done = self.store.get(run.label, prompt.question_id, turn)
-            if done is None:
-                ids = self._ids(prompt, answers)
-                if len(ids) >= self.target.max_context - 1:  # no room to answer: counted, not fatal
-                    done = self._append(run, prompt, turn, {"skipped": True, "prompt_len": len(ids)})
-                else:
-                    done = self._append(run, prompt, turn, self._fields(run, decoder.generate(ids)))
-            if done.get("skipped"):
-                return  # a later turn would need this one's answer
-            answers.append(self.target.tokenizer.decode(done["output_ids"], skip_special_tokens=True))
-
-    def _batched_conversations(self, run: MethodRun, decoder: BatchDecoder, prompts: list[Prompt]) -> None:
-        """Turn k of every prompt in the chunk is decoded in one batch, each after its own answers to earlier turns;
-        every record also holds the batch's id and wall time, from which the summary computes throughput."""
+    def _conversations(self, run: MethodRun, decoder: Decoder, prompts: list[Prompt]) -> None:
+        """Turn k of every prompt is asked after this method's own answers to the earlier turns (Spec-Bench's
+        multi-turn MT-Bench). With a BatchDecoder the prompts' turn k is decoded in one batch, and every record also
+        holds the batch's id and wall time, from which the summary computes throughput."""
         answers: dict[str, list[str] | None] = {p.question_id: [] for p in prompts}  # None: a turn was skipped
         for turn in range(max(self._turns(p) for p in prompts)):
             pending = []
@@ -135,20 +118,25 @@ class Evaluator:
                 done = self.store.get(run.label, prompt.question_id, turn)
                 if done is None:
                     ids = self._ids(prompt, answers[prompt.question_id])
-                    if len(ids) >= self.target.max_context - 1:
+                    if len(ids) >= self.target.max_context - 1:  # no room to answer: counted, not fatal
                         done = self._append(run, prompt, turn, {"skipped": True, "prompt_len": len(ids)})
                     else:
                         pending.append((prompt, ids))
                         continue
                 self._answer(answers, prompt, done)
-            if pending:
+            if not pending:
+                continue
+            if isinstance(decoder, BatchDecoder):
                 gens = decoder.generate_batch([ids for _, ids in pending])
                 batch = {"batch_size": len(pending), "batch_id": uuid.uuid4().hex[:12],
                          "batch_wall_time": decoder.last_run.wall_time}
-                for (prompt, _), gen in zip(pending, gens):
-                    self._answer(answers, prompt, self._append(run, prompt, turn, self._fields(run, gen) | batch))
+            else:
+                gens, batch = [decoder.generate(ids) for _, ids in pending], {}
+            for (prompt, _), gen in zip(pending, gens):
+                self._answer(answers, prompt, self._append(run, prompt, turn, self._fields(run, gen) | batch))
 
     def _answer(self, answers: dict, prompt: Prompt, record: dict) -> None:
+        """A later turn would need a skipped turn's answer: the conversation stops there."""
         if record.get("skipped"):
             answers[prompt.question_id] = None
         else:

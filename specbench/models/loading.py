@@ -7,6 +7,7 @@ dropped, which is safe because the weights are already plain dequantised tensors
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import importlib
@@ -47,8 +48,6 @@ def with_dtype(target: LoadedModel, dtype: str) -> LoadedModel:
     """The same model in another dtype: a cast copy (the original stays as it is), or target itself if it matches."""
     if target.model.dtype == torch_dtype(dtype):
         return target
-    import copy
-
     return dataclasses.replace(target, model=copy.deepcopy(target.model).to(torch_dtype(dtype)))
 
 
