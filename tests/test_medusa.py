@@ -1,16 +1,22 @@
 """Medusa heads: greedy exact acceptance reproduces autoregressive decoding token for token (fp32), the heads read
-the verify forward's hidden states, and Medusa-2 trains LoRA adapters with the heads at a higher LR."""
+the verify forward's hidden states, untied heads start as the LM head, and Medusa-2 follows the paper's recipe and
+decodes with its own tuned backbone, losslessly against that backbone's plain decoding."""
 
 import pytest
 import torch
 
 from specbench.acceptance.exact import ExactAcceptance
+from specbench.config import build
 from specbench.sampling import SamplingParams
 from specbench.decoding import Decoder
 from specbench.drafters.autoregressive import AutoregressiveDrafter
 from specbench.drafters.medusa import MedusaDrafter
 from specbench.errors import SpecbenchError
+from specbench.models import tiny_random
+from specbench.models.artifact import ADAPTER_PREFIX, load_artifact, save_artifact
+from specbench.tasks import eval as eval_task
 from specbench.tasks.train import train
+from specbench.training.medusa import MedusaModule, sine_ramp
 from specbench.trees.greedy import GreedyPolicy
 from specbench.trees.static import StaticPolicy
 
@@ -72,19 +78,102 @@ def test_a_tree_deeper_than_the_heads_is_refused(tiny, heads_artifact):
         decode(tiny, drafter, PROMPTS[0])
 
 
-def test_medusa2_trains_lora_adapters_and_heads_at_4x_lr(tmp_path, tiny):
-    cfg = compose_cfg(["method=medusa", *SMALL, "method.train.module.joint=true", "method.train.max_steps=2",
-                       "method.train.module.lora.r=4"], tmp_path)
-    summary = train(cfg, tmp_path)
-    assert (tmp_path / "lora_adapter" / "adapter_config.json").exists()
-    heads_only = compose_cfg(["method=medusa", *SMALL, "method.train.max_steps=2"], tmp_path / "m1")
-    assert summary["trainable_params"] > train(heads_only, tmp_path / "m1")["trainable_params"]
-    from specbench.models import tiny_random
+def test_untied_heads_start_as_the_lm_head(tiny):
+    """The paper's init (§2.1.1): each head's projection is its own trainable copy of the LM head (its block's W1 is
+    zero, as in the Medusa repo; the bias keeps its default init)."""
     from specbench.training.medusa import MedusaModule
 
-    module = MedusaModule(tiny_random().model, joint=True, lora={"r": 4, "target_modules": ["q_proj"]}, lr=1e-4)
+    module = MedusaModule(tiny_random().model, num_heads=2, tie_lm_head=False)
+    lm = module.lm_head.weight
+    assert all(torch.equal(p.weight, lm) and p.weight.data_ptr() != lm.data_ptr() for p in module.heads.proj)
+    h = torch.randn(3, lm.shape[1])
+    blocks = torch.stack([b(h) for b in module.heads.blocks])
+    assert torch.allclose(module.heads(h, module.lm_head), module.lm_head(blocks), atol=1e-5)
+    assert all(torch.count_nonzero(b[0].linear.weight) == 0 for b in module.heads.blocks)
+    assert module.heads.proj[0].weight.requires_grad and not lm.requires_grad
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_tied_and_untied_artifacts_load_and_decode_losslessly(tmp_path, tiny, tie):
+    cfg = compose_cfg(["method=medusa", *SMALL, "method.train.max_steps=2",
+                       f"method.train.module.tie_lm_head={str(tie).lower()}"], tmp_path)
+    summary = train(cfg, tmp_path)
+    drafter = MedusaDrafter(tiny, GreedyPolicy(8, accept_prob=None), summary["artifact"])
+    assert (drafter.heads.proj is None) == tie and drafter.backbone is None
+    for prompt in PROMPTS[:2]:
+        assert decode(tiny, drafter, prompt).tokens == decode(tiny, AutoregressiveDrafter(), prompt).tokens
+
+
+@pytest.mark.parametrize(("step", "want"), [(0, 0.0), (49, 0.0), (50, 0.0), (75, 0.01 * 2**-0.5), (100, 0.01),
+                                            (120, 0.01)])
+def test_lambda0_sine_ramp(step, want):
+    """Heads warm up alone for steps 0-49 (start=50); then 0.01 * sin(pi/2 * (step-50)/50): halfway, sin(pi/4)."""
+    assert sine_ramp(step, start=50, total=100, peak=0.01) == pytest.approx(want, abs=1e-12)
+
+
+def test_medusa2_heads_warm_up_alone_then_train_with_lora_at_a_quarter_lr(tiny):
+    module = MedusaModule(tiny_random().model, joint=True, lora={"r": 4, "target_modules": ["q_proj"]}, lr=4e-4)
     heads_group, lora_group = module.param_groups()
     assert heads_group["lr"] == 4e-4 and lora_group["lr"] == 1e-4
     assert all("lora" in n for n, p in module.backbone.named_parameters() if p.requires_grad)
-    drafter = MedusaDrafter(tiny, GreedyPolicy(8, accept_prob=None), summary["artifact"])
-    assert decode(tiny, drafter, PROMPTS[1]).tokens == decode(tiny, AutoregressiveDrafter(), PROMPTS[1]).tokens
+
+
+def _perturb(module) -> None:
+    """A non-trivial adapter: LoRA B starts at zero (the adapter is then the identity); random B changes the model."""
+    torch.manual_seed(0)
+    for name, p in module.backbone.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.5)
+
+
+@pytest.fixture(scope="module")
+def medusa2_artifact(tmp_path_factory, tiny):
+    """A Medusa-2 artifact whose adapter is non-trivial: LoRA B starts at zero (the identity); random B changes the
+    model, so the tuned backbone's greedy output differs from the original's."""
+    tmp = tmp_path_factory.mktemp("medusa2")
+    cfg = compose_cfg(["method=medusa", *SMALL, "method.train.module.joint=true", "method.train.module.lora.r=4"], tmp)
+    module = build(cfg.method.train.module, backbone=tiny_random(dtype="float32").model)
+    torch.manual_seed(0)
+    for name, p in module.backbone.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.5)
+    return save_artifact(tmp / "m2.safetensors", "medusa", tiny, module.arch(), module.export_tensors(),
+                         metrics={"rank_accuracy": [[0.5, 0.2]] * 4})
+
+
+def test_medusa2_decodes_with_its_tuned_backbone_losslessly(tiny, medusa2_artifact):
+    """The artifact alone rebuilds the tuned backbone; Medusa-2 reproduces THAT backbone's plain decoding, which here
+    differs from the original model's (so decoding with the original backbone would fail the check)."""
+    drafter = MedusaDrafter(tiny, GreedyPolicy(8, accept_prob=None), str(medusa2_artifact))
+    tuned = drafter.backbone
+    assert tuned is not None and tuned.name.startswith(f"{tiny.name}+medusa2:") and tuned.model is not tiny.model
+    differs = 0
+    for prompt in PROMPTS:
+        reference = Decoder(tuned.model, AutoregressiveDrafter(), ExactAcceptance(), SamplingParams(), 40).generate(prompt)
+        gen = Decoder(tuned.model, drafter, ExactAcceptance(), SamplingParams(), 40).generate(prompt)
+        assert gen.tokens == reference.tokens
+        differs += reference.tokens != decode(tiny, AutoregressiveDrafter(), prompt).tokens
+    assert differs >= 2
+
+
+def test_the_evaluator_checks_medusa2_against_its_own_backbone(tmp_path, medusa2_artifact):
+    cfg = compose_cfg(["model=tiny_random", "eval.dtype=float32", "eval.num_prompts=3", "eval.max_new_tokens=24",
+                       "eval.first_turn_only=true", "eval.warmup=0", "eval.memory_probe=false",
+                       "eval.fastest_ar=false", "eval.latency_profile=false", "method=medusa",
+                       f"method.checkpoint={medusa2_artifact}", "tree.budget=8"], tmp_path)
+    summary = eval_task.run(cfg).set_index("method")
+    assert summary.loc["medusa", "lossless_reference"] == "autoregressive@medusa"
+    assert summary.loc["medusa", "lossless_match"] == 1.0
+    assert summary.loc["medusa", "model"].startswith("tiny_random+medusa2:")
+    assert summary.loc["autoregressive@medusa", "lossless_match"] < 1.0  # the tuned backbone's agreement with the original
+    assert summary.loc["autoregressive", "lossless_reference"] == "autoregressive"
+
+
+def test_medusa2_trains_with_the_adapter_inside_the_artifact(tmp_path, tiny):
+    cfg = compose_cfg(["method=medusa", *SMALL, "method.train.module.joint=true", "method.train.max_steps=2",
+                       "method.train.module.lora.r=4", "method.train.module.tie_lm_head=true"], tmp_path)
+    summary = train(cfg, tmp_path)
+    meta, tensors = load_artifact(summary["artifact"], "medusa", tiny)
+    assert meta["arch"]["lora"]["target_modules"][-1] == "down_proj"
+    assert any(k.startswith(ADAPTER_PREFIX) and "down_proj.lora_A" in k for k in tensors)
+    assert 0.0 <= summary["val/backbone_agreement"] <= 1.0

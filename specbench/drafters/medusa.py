@@ -1,9 +1,10 @@
 """Medusa (Cai et al. 2024): K heads on the target's last hidden state guess the tokens 2..K+1 steps ahead.
 
-Head k is a residual block SiLU(W1 h + b) + h followed by a vocabulary projection: the target's own LM head
-(`tie_lm_head`, the default: only the blocks are trained and stored, a few MB) or its own copy initialised from it.
-Drafting reads the hidden state the previous verify forward already produced at the last accepted node, so a
-Medusa step costs one target forward plus the heads.
+Head k is a residual block SiLU(W1 h + b) + h followed by a vocabulary projection: its own copy initialised from the
+target's LM head (the paper's architecture) or, tied, the target's LM head itself (only the blocks train and are
+stored, a few MB). Drafting reads the hidden state the previous verify forward already produced at the last accepted
+node, so a Medusa step costs one target forward plus the heads. A Medusa-2 artifact also holds the LoRA adapter its
+backbone was tuned with: the drafter then verifies with that tuned backbone (`backbone`), the model it was trained for.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from torch import nn
 
 from specbench.drafters.base import DecodeState, Drafter
 from specbench.errors import SpecbenchError
-from specbench.models.artifact import load_artifact
+from specbench.models.artifact import ADAPTER_PREFIX, load_artifact, tuned_backbone
 from specbench.trees.greedy import GreedyPolicy
 from specbench.trees.policy import GrowingTree, TreePolicy
 from specbench.trees.token_tree import TokenTree
@@ -56,7 +57,8 @@ class MedusaHeads(nn.Module):
 class MedusaDrafter(Drafter):
     """Candidates from the heads' top-k, shaped by the run's tree policy. tree=greedy (the method's default) or
     tree=hardware_aware without tree.accept_prob builds the tree from the artifact's held-out per-head rank
-    accuracies (Medusa App. C)."""
+    accuracies (Medusa App. C). `backbone` is the LoadedModel to verify with when it is not the run's target (a
+    Medusa-2 artifact's tuned backbone, its adapter merged in); None otherwise."""
 
     name = "medusa"
     tree_policies = ("greedy", "hardware_aware", "static", "chain", "dynamic")
@@ -66,6 +68,10 @@ class MedusaDrafter(Drafter):
                  num_heads: int | None = None) -> None:
         meta, tensors = load_artifact(checkpoint, "medusa", target)
         arch = meta["arch"]
+        adapter = {k.removeprefix(ADAPTER_PREFIX): tensors.pop(k) for k in list(tensors) if k.startswith(ADAPTER_PREFIX)}
+        self.backbone = None
+        if arch.get("lora"):
+            self.backbone = target = tuned_backbone(target, arch["lora"], adapter, f"medusa2:{checkpoint}")
         heads = MedusaHeads(arch["hidden_size"], arch["vocab_size"], arch["num_heads"], arch["num_layers"],
                             arch["tie_lm_head"])
         try:

@@ -55,6 +55,7 @@ class MethodRun:
     settings_hash: str = ""
     method_name: str = ""  # the method config behind the label
     target: LoadedModel | None = None  # None: the run's target; a baseline in another dtype brings its own copy
+    reference: str | None = None  # the label of its lossless reference, when not the plain decoding of the target
 
 
 class Evaluator:
@@ -66,10 +67,24 @@ class Evaluator:
         if settings.baseline and BASELINE not in {r.label for r in runs}:
             # the baseline samples from the target itself: a lossy rule (typical's greedy root) must not leak in
             runs = [MethodRun(BASELINE, AutoregressiveDrafter(), ExactAcceptance(), baseline_hash, BASELINE), *runs]
-        self.runs = runs
+        self.runs = self._with_backbones(runs)
         self.run_dir = Path(run_dir)
         self.store = RecordStore(self.run_dir / "records.jsonl")
         self.memory_path = self.run_dir / "memory.json"
+
+    @staticmethod
+    def _with_backbones(runs: list[MethodRun]) -> list[MethodRun]:
+        """A drafter that brings the backbone it verifies with (a Medusa-2 artifact's tuned one) decodes on it, and
+        plain decoding of that backbone, run just before it, is its lossless reference."""
+        out = []
+        for run in runs:
+            backbone = getattr(run.drafter, "backbone", None)
+            if backbone is not None:
+                run.target, run.reference = backbone, f"{BASELINE}@{run.label}"
+                out.append(MethodRun(run.reference, AutoregressiveDrafter(), ExactAcceptance(), run.settings_hash,
+                                     run.method_name, backbone))
+            out.append(run)
+        return out
 
     def _decoder(self, run: MethodRun) -> Decoder:
         cls = Decoder if self.settings.batch_size == 1 else BatchDecoder
@@ -149,6 +164,9 @@ class Evaluator:
                   **self.provenance}
         if run.target is not None:
             record["dtype"] = str(run.target.model.dtype).removeprefix("torch.")
+            record["model"] = run.target.name  # a tuned backbone names itself: <model>+medusa2:<checkpoint>
+        if run.reference is not None:
+            record["reference"] = run.reference
         self.store.append(record)
         return record
 

@@ -135,7 +135,8 @@ def summarize(records: pd.DataFrame, latency_profile: pd.DataFrame | None = None
             else math.nan,
             "framework_ms_per_step": 1e3 * float(np.median(np.concatenate([np.asarray(f) for f in grp["framework_times"]])))
             if steps else math.nan,
-            "lossless_match": _lossless_match(grp, base),
+            "lossless_match": _lossless_match(grp, _reference(records, grp, base)),
+            "lossless_reference": _reference(records, grp, base)["method"].iloc[0] if len(base) else math.nan,
             "drafter_params": int(grp["drafter_params"].iloc[0]),
             "drafter_mb": grp["drafter_bytes"].iloc[0] / 2**20,
             "kv_peak_mb": grp["kv_peak_bytes"].max() / 2**20,
@@ -194,6 +195,12 @@ def _mean_step(grp: pd.DataFrame) -> float:
 def _mean_verify(grp: pd.DataFrame) -> float:
     steps = grp["steps"].sum()
     return grp["verify_time"].sum() / steps if steps else math.nan
+
+
+def _reference(records: pd.DataFrame, grp: pd.DataFrame, base: pd.DataFrame) -> pd.DataFrame:
+    """The plain decoding a method must reproduce: its own backbone's (`reference`, Medusa-2) or the baseline's."""
+    ref = grp["reference"].iloc[0] if "reference" in grp else None
+    return records[records["method"] == ref] if isinstance(ref, str) else base
 
 
 def _lossless_match(grp: pd.DataFrame, base: pd.DataFrame) -> float:

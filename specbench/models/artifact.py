@@ -1,11 +1,14 @@
 """Drafter artifacts: `<name>.safetensors` (weights) beside `<name>.json` (what it is and how it was trained).
 
 Loading validates before any tensor is used: the JSON must be ours, for the expected method, and for the target
-being decoded (same base model, hidden size and vocabulary); weights are read with safetensors only.
+being decoded (same base model, hidden size and vocabulary); weights are read with safetensors only. A drafter
+trained with the target (Medusa-2) stores the target's LoRA adapter in the same file, so the artifact alone rebuilds
+the backbone it was trained to draft for (`tuned_backbone`).
 """
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -14,9 +17,11 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from specbench.errors import SpecbenchError
+from specbench.models.loading import LoadedModel
 
 FORMAT = "specbench-drafter"
 VERSION = 1
+ADAPTER_PREFIX = "adapter."  # tensors of the target's LoRA adapter (Medusa-2), stored beside the drafter's own
 
 
 def base_model_info(target) -> dict:
@@ -85,3 +90,19 @@ def load_artifact(path: str | Path | None, method: str, target) -> tuple[dict, d
     except (SafetensorError, OSError) as exc:
         raise SpecbenchError(f"checkpoint '{weights}' is not a readable safetensors file ({exc})") from exc
     return meta, tensors
+
+
+def tuned_backbone(target, lora: dict, tensors: dict[str, torch.Tensor], label: str):
+    """A copy of target (a LoadedModel, or the DictConfig Hydra makes of it) with a LoRA adapter (peft LoraConfig kwargs and its state dict) merged into
+    its weights, named `<target>+<label>`; target itself stays the original model."""
+    from peft import LoraConfig, get_peft_model, set_peft_model_state_dict
+
+    model = get_peft_model(copy.deepcopy(target.model), LoraConfig(**lora))
+    loaded = set_peft_model_state_dict(model, tensors)
+    missing = [k for k in loaded.missing_keys if "lora_" in k]
+    if loaded.unexpected_keys or missing or not tensors:
+        raise SpecbenchError(f"the LoRA adapter of '{label}' does not fit its config {lora} (unexpected "
+                             f"{list(loaded.unexpected_keys)[:3]}, missing {missing[:3]}); retrain it")
+    merged = model.merge_and_unload().to(target.model.dtype).eval()
+    return LoadedModel(name=f"{target.name}+{label}", model=merged, tokenizer=target.tokenizer, source=target.source,
+                       chat_template=target.chat_template)

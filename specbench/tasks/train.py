@@ -70,8 +70,6 @@ def train(cfg: DictConfig, run_dir: Path, callbacks: list | None = None) -> dict
     train_cfg = OmegaConf.to_container(tcfg, resolve=True)
     out = save_artifact(run_dir / tcfg.export, method, target, module.arch(), module.export_tensors(), train_cfg,
                         metrics)
-    if getattr(module, "joint", False):  # Medusa-2: the heads go with the LoRA-tuned backbone
-        module.backbone.save_pretrained(str(run_dir / "lora_adapter"))
     if isinstance(trainer.logger, L.pytorch.loggers.WandbLogger):
         log_artifact(trainer.logger, out, f"{method}-drafter", "drafter")
     summary = {"artifact": str(out), **{k: v for k, v in metrics.items() if k != "rank_accuracy"}}
