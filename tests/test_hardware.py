@@ -17,10 +17,11 @@ from specbench.config import build
 from specbench.errors import SpecbenchError
 from specbench.hardware import ghidorah, llmcad, machine_profile
 from specbench.hardware.machine import fingerprint
-from specbench.hardware.machine_profile import MachineProfile, choose_dtype, load_or_measure_profile
+from specbench.hardware.machine_profile import MachineProfile, choose_execution, load_or_measure_profile
 from specbench.hardware.roofline import (DrafterCost, ModelShape, op_costs, project, roofline_ops, roofline_step_time,
                                          named_shape, sssd_free_budget)
 from specbench.hardware.spec import HardwareSpec
+from specbench.models.backends import supported
 from tests.conftest import compose_cfg
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -289,17 +290,31 @@ def test_latency_is_interpolated_in_n_and_context():
     assert p.latency_ms("float32", 64, 2048) == pytest.approx(50 + 128 + 20.48)  # extrapolated linearly
     curve = p.curve("bfloat16", 128)
     assert list(curve["tokens"]) == [1, 8, 32] and list(curve["ms"]) == pytest.approx([31.28, 101.28, 341.28])
-    with pytest.raises(SpecbenchError, match="no dtype 'float16'; it has: float32, bfloat16"):
+    with pytest.raises(SpecbenchError, match="no backend/dtype 'eager/float16'; it has: eager/float32, eager/bfloat16"):
         p.latency_ms("float16", 1, 128)
 
 
-def test_choose_dtype_minimises_the_verify_forward_and_names_the_fastest_plain_decoding():
+def test_choose_execution_minimises_the_verify_forward_and_names_the_fastest_plain_decoding():
     p = toy_profile()
-    dtype, reason = choose_dtype(p, 1, 128)
-    assert dtype == "bfloat16"  # L(1): 31.3 vs 53.3
-    dtype, reason = choose_dtype(p, 8, 128)
+    backend, dtype, reason = choose_execution(p, 1, 128)
+    assert (backend, dtype) == ("eager", "bfloat16")  # L(1): 31.3 vs 53.3
+    backend, dtype, reason = choose_execution(p, 8, 128)
     assert dtype == "float32"  # L(8): 67.3 vs 101.3
-    assert "L(8)" in reason and "67.3 ms" in reason and "fastest plain decoding is bfloat16 at L(1) = 31.3 ms" in reason
+    assert "L(8)" in reason and "67.3 ms" in reason and "fastest plain decoding is eager/bfloat16 at L(1) = 31.3 ms" in reason
+
+
+def test_choose_execution_weighs_backends_against_dtypes_and_keeps_to_the_allowed_ones():
+    """A compiled fp32 forward that is flat in n beats eager bf16 for trees but not for one token."""
+    p = toy_profile()
+    compiled = p.latency[p.latency["dtype"] == "float32"].assign(backend="compile", ms=lambda f: 35 + 0.5 * f["tokens"])
+    p = MachineProfile({}, "cpu", "toy", FAKE_PEAKS, pd.concat([p.latency, compiled], ignore_index=True))
+    assert ("compile", "float32") in p.executions
+    assert choose_execution(p, 8, 128)[:2] == ("compile", "float32")  # 39 vs eager fp32 67.3, bf16 101.3
+    assert choose_execution(p, 1, 128)[:2] == ("eager", "bfloat16")  # 31.3 vs compiled 35.5
+    assert choose_execution(p, 8, 128, backends=["eager"])[:2] == ("eager", "float32")
+    assert choose_execution(p, 8, 128, dtypes=["bfloat16"])[:2] == ("eager", "bfloat16")
+    with pytest.raises(SpecbenchError, match="no measurement for backend \\['prepacked'\\]"):
+        choose_execution(p, 8, 128, backends=["prepacked"])
 
 
 def test_latency_profile_over_contexts_with_min_or_median(tiny):
@@ -312,16 +327,22 @@ def test_latency_profile_over_contexts_with_min_or_median(tiny):
 
 def test_profile_is_measured_once_and_then_loaded(tiny, cache, monkeypatch):
     monkeypatch.setattr(machine_profile, "measure_peaks", lambda device: FAKE_PEAKS)  # tested above, at small sizes
+    monkeypatch.setattr(machine_profile, "busy", lambda machine: False)  # other work on the test machine is no matter
     profile = load_or_measure_profile(tiny, dtypes=["float32", "bfloat16"], sizes=[1, 4], contexts=[8, 16],
-                                      repeats=1)
-    assert set(profile.latency["dtype"]) == {"float32", "bfloat16"} and len(profile.latency) == 8
+                                      repeats=1, backends=["eager", "prepacked"])
+    packs_bf16 = supported("prepacked", torch.bfloat16, torch.device("cpu")) is None  # AVX-512 or AVX-NE-CONVERT
+    measured = {("eager", "float32"), ("eager", "bfloat16"), ("prepacked", "float32")} | (
+        {("prepacked", "bfloat16")} if packs_bf16 else set())
+    assert set(profile.executions) == measured and len(profile.latency) == 4 * len(measured)
+    assert packs_bf16 or "oneDNN cannot pack" in profile.machine["unsupported"]["prepacked/bfloat16"]
     assert (profile.latency["ms"] > 0).all() and profile.peaks == FAKE_PEAKS
     assert len(profile.machine["loadavg_1min"]) == 2  # how busy the machine was, kept with the numbers
     assert next(tiny.model.parameters()).dtype == torch.float32  # the target itself was not cast
     path = cache / "profiles" / f"{fingerprint()}-cpu-{tiny.name}.json"
     assert path.exists()
     monkeypatch.setattr(machine_profile, "latency_profile", lambda *a, **k: pytest.fail("measured again"))
-    again = load_or_measure_profile(tiny, dtypes=["float32"], sizes=[4], contexts=[16])
+    again = load_or_measure_profile(tiny, dtypes=["float32", "bfloat16"], sizes=[4], contexts=[16],
+                                    backends=["prepacked"])
     pd.testing.assert_frame_equal(again.latency, profile.latency)
 
 
@@ -332,12 +353,14 @@ def test_task_profile_writes_the_table_and_plot(tmp_path, cache, capsys, monkeyp
     from specbench.tasks import profile as task
 
     cfg = compose_cfg(["task=profile", "model=tiny_random", "eval.profile_sizes=[1,2]", "eval.profile_repeats=1",
-                       "+eval.profile_contexts=[8]", "eval.dtype=float32"], tmp_path / "run")
+                       "eval.profile_contexts=[8]", "eval.dtype=float32", "model.backend=prepacked"],
+                      tmp_path / "run")
     errors = task.run(cfg)
     assert {"ms", "roofline_ms", "error_pct"} <= set(errors.columns)
     for name in ("machine_profile.json", "profile_vs_roofline.csv", "profile_vs_roofline.png"):
         assert (tmp_path / "run" / name).exists()
-    assert "choose_dtype(tree_size=8)" in capsys.readouterr().out
+    assert set(errors["backend"]) == {"eager", "prepacked"}  # the asked backend beside the eager reference
+    assert "choose_execution(tree_size=8)" in capsys.readouterr().out
 
 
 def test_task_hardware_on_jetson(tmp_path, cache, capsys):

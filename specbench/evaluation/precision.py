@@ -1,10 +1,11 @@
-"""Which dtype a run decodes in, and which dtype plain decoding is fastest in on this machine.
+"""Which backend and dtype a run decodes in, and which plain decoding is fastest on this machine.
 
 The answer depends on the machine: on a CPU without native bf16, a bf16 forward of n tokens grows steeply with n
-while fp32 stays flat; with AVX-512 bf16 it is the other way round. eval.dtype=auto reads the measured machine
-profile (hardware/machine_profile.py) and picks the dtype with the cheapest verify forward at the run's tree size;
-the run also decodes plain autoregressive in the dtype of the cheapest one-token forward, so every speedup can be
-read against the fastest plain decoding on the machine, not only the same-dtype one.
+while fp32 stays flat; with AVX-512 bf16 it is the other way round; and a compiled or prepacked forward moves both.
+model.backend=auto and eval.dtype=auto read the measured machine profile (hardware/machine_profile.py) and pick the
+pair with the cheapest verify forward at the run's tree size; the run also decodes plain autoregressive on the pair
+with the cheapest one-token forward, so every speedup can be read against the fastest plain decoding on the
+machine, not only the same-dtype, same-backend one.
 """
 
 from __future__ import annotations
@@ -12,17 +13,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specbench.errors import SpecbenchError
-from specbench.hardware.machine_profile import MachineProfile, choose_dtype
+from specbench.hardware.machine_profile import MachineProfile, choose_execution, fastest_plain
+from specbench.models.backends import AUTO, check_backend
 from specbench.models.loading import DTYPES
-
-AUTO = "auto"
 
 
 @dataclass(frozen=True)
-class DtypePlan:
+class ExecutionPlan:
+    backend: str  # the run's backend
     dtype: str  # the run's dtype
     reason: str  # why, in one line
-    fastest_ar: str  # the dtype of the fastest plain decoding here
+    fastest_ar: tuple[str, str]  # (backend, dtype) of the fastest plain decoding here
+
+    @property
+    def fastest_ar_label(self) -> str:
+        """How the fastest plain decoding is labelled beside the run's own: autoregressive@<what differs>."""
+        backend, dtype = self.fastest_ar
+        return "/".join(x for x, own in ((backend, self.backend), (dtype, self.dtype)) if x != own)
 
 
 def check_dtype(name: str) -> None:
@@ -30,13 +37,20 @@ def check_dtype(name: str) -> None:
         raise SpecbenchError(f"eval.dtype='{name}' is unknown; valid choices: {AUTO}, {', '.join(DTYPES)}")
 
 
-def plan(requested: str, profile: MachineProfile | None, tree_size: float, context: float) -> DtypePlan:
-    """requested: auto or a dtype name; profile: None when neither auto nor the fastest-AR baseline asks for it."""
-    check_dtype(requested)
+def plan(dtype: str, backend: str, profile: MachineProfile | None, tree_size: float, context: float) -> ExecutionPlan:
+    """dtype, backend: auto or a name each; profile: None when nothing asks for it (both set, no fastest-AR
+    baseline, no hardware-aware tree)."""
+    check_dtype(dtype)
+    check_backend(backend)
     if profile is None:
-        return DtypePlan(requested, f"{requested}: set by eval.dtype", requested)
-    fastest_ar = min(profile.dtypes, key=lambda d: profile.latency_ms(d, 1, context))
-    if requested != AUTO:
-        return DtypePlan(requested, f"{requested}: set by eval.dtype", fastest_ar)
-    dtype, reason = choose_dtype(profile, tree_size, context)
-    return DtypePlan(dtype, reason, fastest_ar)
+        if AUTO in (dtype, backend):
+            raise SpecbenchError("eval.dtype=auto and model.backend=auto need the machine profile")
+        return ExecutionPlan(backend, dtype, f"{backend}/{dtype}: set by model.backend and eval.dtype",
+                             (backend, dtype))
+    fastest = fastest_plain(profile, context)
+    if AUTO not in (dtype, backend):
+        return ExecutionPlan(backend, dtype, f"{backend}/{dtype}: set by model.backend and eval.dtype", fastest)
+    chosen_b, chosen_d, reason = choose_execution(profile, tree_size, context,
+                                                  None if backend == AUTO else [backend],
+                                                  None if dtype == AUTO else [dtype])
+    return ExecutionPlan(chosen_b, chosen_d, reason, fastest)

@@ -1,4 +1,5 @@
-"""The measured profile of the machine at hand: peaks per dtype and L(n, context) of the target per dtype.
+"""The measured profile of the machine at hand: peaks per dtype and L(n, context) of the target per execution
+backend and dtype (an "execution": models/backends.py).
 
 Measured once per machine fingerprint (machine.py) and model, cached as JSON under the specbench cache, and read
 by hw=cpu / hw=cuda (their `measured` figures) and by the evaluator (the dtype choice, L(n) for tree budgets).
@@ -6,7 +7,6 @@ by hw=cpu / hw=cuda (their `measured` figures) and by the evaluator (the dtype c
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import json
 import os
@@ -24,7 +24,8 @@ from specbench.hardware.machine import fingerprint, machine_info
 from specbench.hardware.profiler import latency_profile
 from specbench.hardware.roofline import ModelShape, roofline_step_time
 from specbench.hardware.spec import HardwareSpec
-from specbench.models.loading import LoadedModel, cache_root, torch_dtype
+from specbench.models.backends import BACKENDS, supported, with_backend
+from specbench.models.loading import LoadedModel, cache_root, torch_dtype, with_dtype
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 CONTEXTS = (128, 1024)
@@ -104,45 +105,60 @@ def measured_peaks(device: torch.device | str) -> dict:
 
 @dataclass
 class MachineProfile:
-    """Peaks and the measured L(n, context) per dtype of one model on one machine."""
+    """Peaks and the measured L(n, context) per backend and dtype of one model on one machine."""
 
     machine: dict
     device: str
     model: str
     peaks: dict  # peak_tflops {dtype: TFLOP/s}, mem_bandwidth_gbs, layer_overhead_ms, memory_gb
-    latency: pd.DataFrame  # dtype, context, tokens, ms
+    latency: pd.DataFrame  # backend, dtype, context, tokens, ms
+    compile_seconds: dict = dataclasses.field(default_factory=dict)  # "backend/dtype": first-forwards' compile time
+
+    def __post_init__(self) -> None:
+        if "backend" not in self.latency:  # profiles cached before backends existed measured transformers' eager
+            self.latency.insert(0, "backend", "eager")
 
     @property
     def dtypes(self) -> list[str]:
         return list(dict.fromkeys(self.latency["dtype"]))
 
-    def latency_ms(self, dtype: str, n: float, context: float) -> float:
+    @property
+    def executions(self) -> list[tuple[str, str]]:
+        """(backend, dtype) pairs measured, in measuring order."""
+        return list(dict.fromkeys(zip(self.latency["backend"], self.latency["dtype"])))
+
+    def latency_ms(self, dtype: str, n: float, context: float, backend: str = "eager") -> float:
         """L(n, context) in ms: linear in n between measured sizes, then linear in context (extrapolated beyond)."""
-        if dtype not in self.dtypes:
-            raise SpecbenchError(f"the machine profile has no dtype '{dtype}'; it has: {', '.join(self.dtypes)}")
-        rows = self.latency[self.latency["dtype"] == dtype]
+        rows = self.latency[(self.latency["dtype"] == dtype) & (self.latency["backend"] == backend)]
+        if rows.empty:
+            have = ", ".join(f"{b}/{d}" for b, d in self.executions)
+            raise SpecbenchError(f"the machine profile has no backend/dtype '{backend}/{dtype}'; it has: {have}")
         contexts = sorted(set(rows["context"]))
         at = [_interp(n, *rows[rows["context"] == c].sort_values("tokens")[["tokens", "ms"]].T.values)
               for c in contexts]
         return _interp(context, np.array(contexts, dtype=float), np.array(at))
 
-    def curve(self, dtype: str, context: float) -> pd.DataFrame:
+    def curve(self, dtype: str, context: float, backend: str = "eager") -> pd.DataFrame:
         """L(n) at one context over the measured sizes, as the tokens/ms frame latency_profile returns."""
         sizes = sorted(set(self.latency["tokens"]))
-        return pd.DataFrame({"tokens": sizes, "ms": [self.latency_ms(dtype, n, context) for n in sizes]})
+        return pd.DataFrame({"tokens": sizes, "ms": [self.latency_ms(dtype, n, context, backend) for n in sizes]})
 
-    def covers(self, dtypes, sizes, contexts) -> bool:
-        have = set(zip(self.latency["dtype"], self.latency["context"], self.latency["tokens"]))
-        return all((d, c, n) in have for d in dtypes for c in contexts for n in sizes)
+    def covers(self, dtypes, sizes, contexts, backends=("eager",)) -> bool:
+        have = set(zip(self.latency["backend"], self.latency["dtype"], self.latency["context"], self.latency["tokens"]))
+        skipped = set(self.machine.get("unsupported", {}))  # backend/dtype pairs this machine cannot run
+        return all((b, d, c, n) in have or f"{b}/{d}" in skipped
+                   for b in backends for d in dtypes for c in contexts for n in sizes)
 
     def to_json(self) -> str:
         return json.dumps({"machine": self.machine, "device": self.device, "model": self.model, "peaks": self.peaks,
-                           "latency": self.latency.to_dict(orient="records")}, indent=1)
+                           "latency": self.latency.to_dict(orient="records"),
+                           "compile_seconds": self.compile_seconds}, indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> "MachineProfile":
         data = json.loads(text)
-        return cls(data["machine"], data["device"], data["model"], data["peaks"], pd.DataFrame(data["latency"]))
+        return cls(data["machine"], data["device"], data["model"], data["peaks"], pd.DataFrame(data["latency"]),
+                   data.get("compile_seconds", {}))
 
 
 def _interp(x: float, xs: np.ndarray, ys: np.ndarray) -> float:
@@ -161,31 +177,46 @@ def profile_path(model_name: str, device: torch.device | str) -> Path:
 
 
 def load_or_measure_profile(target: LoadedModel, dtypes=None, sizes=SIZES, contexts=CONTEXTS,
-                            repeats: int = 3) -> MachineProfile:
+                            repeats: int = 3, backends=("eager",)) -> MachineProfile:
     """The cached profile of `target` on this machine, measured now (peaks too; cached) when it lacks a requested
     point. Each point is the fastest of `repeats` forwards, and the load average before and after is kept, so a
     profile taken on a busy machine can be told apart. Each dtype is timed on a copy of the target cast to it: a
-    forward's cost depends on the dtype, not on the weights' values."""
+    forward's cost depends on the dtype, not on the weights' values. A backend that cannot run a dtype here (oneDNN
+    packing bf16 without AVX-512) is recorded as unsupported, with the reason, rather than measured."""
     device = target.model.device
     dtypes, sizes, contexts = list(dtypes or default_dtypes(device)), list(sizes), list(contexts)
+    backends = list(backends or BACKENDS)
     path = profile_path(target.name, device)
-    if path.exists():
-        cached = MachineProfile.from_json(path.read_text())
-        if cached.covers(dtypes, sizes, contexts):
-            return cached
-    print(f"measuring this machine's profile of {target.name} once ({', '.join(dtypes)}; a few minutes), cached at "
-          f"{path}")
-    load_before, frames = os.getloadavg()[0], []
+    cached = MachineProfile.from_json(path.read_text()) if path.exists() else None
+    if cached is not None and cached.covers(dtypes, sizes, contexts, backends):
+        return cached
+    print(f"measuring this machine's profile of {target.name} once ({', '.join(backends)} x {', '.join(dtypes)}; "
+          f"minutes), cached at {path}")
+    load_before, frames, unsupported, compile_s = os.getloadavg()[0], [], {}, {}
     peaks = measure_peaks(device)
     for name in dtypes:
-        model = target.model
-        if model.dtype != torch_dtype(name):
-            model = copy.deepcopy(model).to(torch_dtype(name))
-        frames.append(latency_profile(model, sizes, contexts, repeats, statistic="min").assign(dtype=name))
-        del model
-    machine = {**machine_info(), "loadavg_1min": [load_before, os.getloadavg()[0]], "cpus": os.cpu_count()}
+        cast = with_dtype(target, name)
+        for backend in backends:
+            reason = supported(backend, torch_dtype(name), device)
+            if reason:
+                unsupported[f"{backend}/{name}"] = reason
+                print(f"  {backend}/{name}: not measured: {reason}")
+                continue
+            run = with_backend(cast, backend)
+            frame = latency_profile(run.model, sizes, contexts, repeats, statistic="min")
+            frames.append(frame.assign(backend=backend, dtype=name))
+            stats = getattr(run.model, "compile_stats", None)
+            if stats is not None:
+                compile_s[f"{backend}/{name}"] = stats.seconds
+            print(f"  {backend}/{name}: L(1) {frame['ms'].iloc[0]:.1f} ms, L({sizes[-1]}) {frame['ms'].iloc[len(sizes) - 1]:.1f}"
+                  f" ms at context {contexts[0]}" + (f"; compiled in {stats.seconds:.0f} s" if stats else ""))
+            del run
+        del cast
+    machine = {**machine_info(), "loadavg_1min": [load_before, os.getloadavg()[0]], "cpus": os.cpu_count(),
+               "unsupported": unsupported}
     profile = MachineProfile(machine, device.type, target.name, peaks,
-                             pd.concat(frames, ignore_index=True)[["dtype", "context", "tokens", "ms"]])
+                             pd.concat(frames, ignore_index=True)[["backend", "dtype", "context", "tokens", "ms"]],
+                             compile_s)
     if busy(machine):  # a profile taken beside other work would mislead every later run on this machine
         print(f"warning: the machine was busy while profiling (1-min load {max(machine['loadavg_1min']):.1f} on "
               f"{machine['cpus']} CPUs): this run uses the profile, but it is not cached; profile on a quiet machine")
@@ -200,16 +231,30 @@ def busy(machine: dict) -> bool:
     return max(machine.get("loadavg_1min", [0.0])) > machine.get("cpus", 1) + 1
 
 
-def choose_dtype(profile: MachineProfile, tree_size: float, context: float) -> tuple[str, str]:
-    """The dtype with the cheapest verify forward L(tree_size), and a one-line reason naming the fastest plain
-    decoding L(1): a method must beat that, whatever its dtype."""
-    verify = {d: profile.latency_ms(d, tree_size, context) for d in profile.dtypes}
-    plain = {d: profile.latency_ms(d, 1, context) for d in profile.dtypes}
-    best, fastest_ar = min(verify, key=verify.get), min(plain, key=plain.get)
-    others = ", ".join(f"{d} {ms:.1f} ms" for d, ms in verify.items() if d != best)
-    reason = (f"{best}: L({tree_size:g}) at context {context:g} is {verify[best]:.1f} ms (vs {others}); fastest plain "
-              f"decoding is {fastest_ar} at L(1) = {plain[fastest_ar]:.1f} ms")
-    return best, reason
+def choose_execution(profile: MachineProfile, tree_size: float, context: float, backends=None,
+                     dtypes=None) -> tuple[str, str, str]:
+    """(backend, dtype, reason): the measured pair with the cheapest verify forward L(tree_size) among the allowed
+    ones, and a one-line reason naming the fastest plain decoding L(1) on the machine: a method must beat that,
+    whatever its backend and dtype."""
+    allowed = [(b, d) for b, d in profile.executions
+               if (backends is None or b in backends) and (dtypes is None or d in dtypes)]
+    if not allowed:
+        have = ", ".join(f"{b}/{d}" for b, d in profile.executions)
+        raise SpecbenchError(f"the machine profile has no measurement for backend {backends} and dtype {dtypes}; "
+                             f"it has: {have}")
+    verify = {e: profile.latency_ms(e[1], tree_size, context, e[0]) for e in allowed}
+    best = min(verify, key=verify.get)
+    plain_b, plain_d = fastest_plain(profile, context)
+    others = ", ".join(f"{b}/{d} {ms:.1f} ms" for (b, d), ms in verify.items() if (b, d) != best)
+    reason = (f"{best[0]}/{best[1]}: L({tree_size:g}) at context {context:g} is {verify[best]:.1f} ms"
+              + (f" (vs {others})" if others else "") + f"; fastest plain decoding is {plain_b}/{plain_d} at L(1) = "
+              f"{profile.latency_ms(plain_d, 1, context, plain_b):.1f} ms")
+    return best[0], best[1], reason
+
+
+def fastest_plain(profile: MachineProfile, context: float) -> tuple[str, str]:
+    """(backend, dtype) of the cheapest one-token forward: the plain decoding every speedup is judged against."""
+    return min(profile.executions, key=lambda e: profile.latency_ms(e[1], 1, context, e[0]))
 
 
 def as_spec(profile: MachineProfile, base: HardwareSpec) -> HardwareSpec:
@@ -223,7 +268,7 @@ def as_spec(profile: MachineProfile, base: HardwareSpec) -> HardwareSpec:
 
 def roofline_error(profile: MachineProfile, shape: ModelShape, hw: HardwareSpec) -> pd.DataFrame:
     """Measured L(n, context) beside the roofline's, per dtype, with the relative error."""
-    frame = profile.latency.copy()
+    frame = profile.latency.copy()  # the roofline depends on the dtype only: it is what every backend aims at
     frame["roofline_ms"] = [1e3 * roofline_step_time(shape, hw, n, c, dtype=d)
                             for d, c, n in zip(frame["dtype"], frame["context"], frame["tokens"])]
     frame["error_pct"] = 100 * (frame["roofline_ms"] - frame["ms"]) / frame["ms"]

@@ -24,21 +24,32 @@ def _save(fig, path: Path) -> Path:
 
 
 def profile_vs_roofline(frame: pd.DataFrame, title: str, path: Path) -> Path:
-    """Measured L(n) (solid, markers) against the roofline (dashed) per dtype and context; frame from
-    machine_profile.roofline_error."""
-    fig, ax = plt.subplots(figsize=(7, 5.5))
-    for i, ((dtype, context), grp) in enumerate(frame.groupby(["dtype", "context"], sort=True)):
-        color = f"C{i}"
-        ax.plot(grp["tokens"], grp["ms"], marker="o", color=color, label=f"{dtype}, ctx {context}: measured")
-        ax.plot(grp["tokens"], grp["roofline_ms"], linestyle="--", color=color,
-                label=f"{dtype}, ctx {context}: roofline")
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("tokens n in one forward (tree size)")
-    ax.set_ylabel("latency L(n) per forward (ms, log scale)")
-    ax.set_title(title, fontsize=9)
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.14))
+    """Measured L(n) per backend (marker, solid) and dtype (colour) against the dtype's roofline (dashed), one panel
+    per context; frame from machine_profile.roofline_error."""
+    contexts = sorted(frame["context"].unique())
+    fig, axes = plt.subplots(1, len(contexts), figsize=(5.2 * len(contexts), 5.2), sharey=True, squeeze=False)
+    dtypes = list(dict.fromkeys(frame["dtype"]))
+    backends = list(dict.fromkeys(frame["backend"])) if "backend" in frame else ["eager"]
+    markers = dict(zip(backends, "osD^v"))
+    for ax, context in zip(axes[0], contexts):
+        at = frame[frame["context"] == context]
+        for i, dtype in enumerate(dtypes):
+            rows = at[at["dtype"] == dtype]
+            for backend in backends:
+                grp = rows[rows["backend"] == backend] if "backend" in rows else rows
+                if len(grp):
+                    ax.plot(grp["tokens"], grp["ms"], marker=markers[backend], color=f"C{i}",
+                            label=f"{backend} {dtype}")
+            roof = rows.drop_duplicates("tokens").sort_values("tokens")
+            ax.plot(roof["tokens"], roof["roofline_ms"], linestyle="--", color=f"C{i}", label=f"roofline {dtype}")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("tokens n in one forward (tree size)")
+        ax.set_title(f"context {context} tokens", fontsize=9)
+        ax.grid(alpha=0.3, which="both")
+    axes[0][0].set_ylabel("latency L(n) per forward (ms, log scale)")
+    fig.suptitle(title, fontsize=9)
+    axes[0][0].legend(fontsize=7, ncol=len(dtypes), loc="upper left", bbox_to_anchor=(0.0, -0.13))
     return _save(fig, path)
 
 

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 
 import pandas as pd
 import torch
+from tqdm.auto import tqdm
 from transformers import DynamicCache
 
 from specbench.hardware.roofline import ModelShape, roofline_step_time
@@ -41,7 +42,7 @@ def _at_context(model, sizes, context: int, repeats: int, statistic: str) -> pd.
           past_key_values=cache, use_cache=True)
     sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
     rows = []
-    for n in sizes:
+    for n in tqdm(sizes, desc=f"L(n) at context {context}", unit="size", leave=False):
         star = torch.tensor([-1] + [0] * (n - 1))  # n - 1 children of the root: exercises the tree-mask path
         tree = TokenTree(torch.randint(0, vocab, (n,), generator=gen), star)
         times = []

@@ -30,6 +30,7 @@ class LoadedModel:
     tokenizer: object  # a transformers tokenizer
     source: str  # where the weights came from
     chat_template: bool = True  # wrap prompts in the tokenizer's chat template (instruct models)
+    backend: str = "eager"  # how forwards run (models/backends.py); with_dtype and drafters see the same model
 
     @property
     def eos_token_ids(self) -> list[int]:
@@ -48,6 +49,8 @@ def with_dtype(target: LoadedModel, dtype: str) -> LoadedModel:
     """The same model in another dtype: a cast copy (the original stays as it is), or target itself if it matches."""
     if target.model.dtype == torch_dtype(dtype):
         return target
+    if target.backend != "eager":
+        raise SpecbenchError(f"cast the eager model to {dtype}, then apply backend '{target.backend}'")
     return dataclasses.replace(target, model=copy.deepcopy(target.model).to(torch_dtype(dtype)))
 
 
@@ -89,8 +92,9 @@ def resolve_path(path: str) -> Path | str:
 
 
 def load_model(name: str, path: str, dtype: str = "bfloat16", device: str = "cpu", use_cache: bool = True,
-               trust_remote_code: bool = False, chat_template: bool = True) -> LoadedModel:
-    """Load the model behind `path` (see resolve_path), converting GGUF files once into a safetensors cache."""
+               trust_remote_code: bool = False, chat_template: bool = True, backend: str = "eager") -> LoadedModel:
+    """Load the model behind `path` (see resolve_path), converting GGUF files once into a safetensors cache, and run
+    it on `backend` (models/backends.py; auto loads eager: the evaluator resolves auto from the machine profile)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     resolved = resolve_path(path)
@@ -116,7 +120,15 @@ def load_model(name: str, path: str, dtype: str = "bfloat16", device: str = "cpu
     if load_kwargs and use_cache and cached is not None:
         _save_cache(model, tokenizer, cached)
     model = model.to(dtype=torch_dtype(dtype), device=device).eval()
-    return LoadedModel(name=name, model=model, tokenizer=tokenizer, source=str(resolved), chat_template=chat_template)
+    loaded = LoadedModel(name=name, model=model, tokenizer=tokenizer, source=str(resolved), chat_template=chat_template)
+    return apply_backend(loaded, backend)
+
+
+def apply_backend(loaded: LoadedModel, backend: str) -> LoadedModel:
+    from specbench.models.backends import AUTO, check_backend, with_backend  # backends builds on LoadedModel
+
+    check_backend(backend)
+    return loaded if backend == AUTO else with_backend(loaded, backend)
 
 
 def _fingerprint(path: Path) -> str:

@@ -27,8 +27,9 @@ def load_dtype(cfg) -> str:
 
 
 def setup_target(cfg, dtype: str | None = None) -> tuple[HardwareSpec, LoadedModel]:
-    """The hardware spec (its device checked and activated) and the target in `dtype` (default: load_dtype)."""
+    """The hardware spec (its device checked and activated) and the target in `dtype` (default: load_dtype), on the
+    eager backend: a task casts it first and then applies model.backend (training needs eager's backward)."""
     hw: HardwareSpec = build(cfg.hw)
     device = hw.activate()
     torch.manual_seed(cfg.seed)
-    return hw, build(cfg.model, dtype=dtype or load_dtype(cfg), device=str(device))
+    return hw, build(cfg.model, dtype=dtype or load_dtype(cfg), device=str(device), backend="eager")

@@ -2,8 +2,9 @@
 summary.{json,csv}, plots/, logger files.
 
 Settings are validated before any dataset or model is loaded, and the run folder's settings before the dataset.
-With eval.dtype=auto the target is loaded once in float32, the machine profile picks the dtype, and plain decoding
-also runs in the dtype that is fastest for it here when that differs (speedup_vs_fastest_ar).
+With eval.dtype=auto the target is loaded once in float32 and the machine profile picks the dtype; with
+model.backend=auto it picks the execution backend too. Plain decoding also runs on the backend and dtype fastest for
+it here when that differs (speedup_vs_fastest_ar).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from specbench.hardware.roofline import ModelShape, roofline_step_time
 from specbench.acceptance.exact import ExactAcceptance
 from specbench.drafters.autoregressive import AutoregressiveDrafter
 from specbench.evaluation.precision import AUTO, check_dtype, plan
+from specbench.models.backends import check_backend, with_backend
 from specbench.hardware.llmcad import project_llmcad
 from specbench.hardware.machine_profile import load_or_measure_profile
 from specbench.hardware.spec import MEASURED
@@ -47,6 +49,7 @@ def run(cfg, overrides: list[str] | None = None) -> pd.DataFrame:
                             baseline=cfg.eval.baseline, first_turn_only=cfg.eval.first_turn_only,
                             memory_probe=cfg.eval.memory_probe, batch_size=cfg.eval.batch_size)
     check_dtype(cfg.eval.dtype)
+    check_backend(cfg.model.backend)
     sampling = SamplingParams(**cfg.sampling)
     if overrides is None and HydraConfig.initialized():
         overrides = list(HydraConfig.get().overrides.task)
@@ -56,32 +59,37 @@ def run(cfg, overrides: list[str] | None = None) -> pd.DataFrame:
         check_tree(entry.cfg.method.drafter, tree)
     hw, loaded = setup_target(cfg)
     sized = any(isinstance(t, HardwareAwarePolicy) for t in trees)
-    machine = load_or_measure_profile(loaded) if cfg.eval.dtype == AUTO or cfg.eval.fastest_ar or sized else None
+    backend = cfg.model.backend
+    wants_profile = AUTO in (cfg.eval.dtype, backend) or cfg.eval.fastest_ar or sized
+    backends = list(cfg.eval.profile_backends) if backend == AUTO or cfg.eval.fastest_ar else [backend]
+    machine = load_or_measure_profile(loaded, backends=backends) if wants_profile else None
     context = cfg.eval.profile_context + cfg.eval.max_new_tokens / 2
-    dtypes = plan(cfg.eval.dtype, machine, float(np.mean([t.budget for t in trees])), context)
-    print(f"dtype {dtypes.reason}")
-    target = with_dtype(loaded, dtypes.dtype)
+    execution = plan(cfg.eval.dtype, backend, machine, float(np.mean([t.budget for t in trees])), context)
+    print(f"backend/dtype {execution.reason}")
+    target = with_backend(with_dtype(loaded, execution.dtype), execution.backend)
     if sized:
-        trees = [t.fit(_latency_curve(hw, machine, target, dtypes.dtype, context))
+        trees = [t.fit(_latency_curve(hw, machine, target, execution, context))
                  if isinstance(t, HardwareAwarePolicy) else t for t in trees]
 
-    shared = shared_settings(cfg, dtypes.dtype)
+    shared = shared_settings(cfg, execution.dtype, execution.backend)
     per_method = {e.label: e.settings() for e in entries} | {BASELINE: BASELINE_SETTINGS}
-    extra = [] if dtypes.fastest_ar == dtypes.dtype or not cfg.eval.baseline else [f"{BASELINE}@{dtypes.fastest_ar}"]
-    per_method |= {label: {**BASELINE_SETTINGS, "dtype": dtypes.fastest_ar} for label in extra}
+    fast_b, fast_d = execution.fastest_ar
+    extra = [] if not cfg.eval.baseline or execution.fastest_ar == (execution.backend, execution.dtype) \
+        else [f"{BASELINE}@{execution.fastest_ar_label}"]
+    per_method |= {label: {**BASELINE_SETTINGS, "dtype": fast_d, "backend": fast_b} for label in extra}
     check_and_save_settings(out, shared, per_method)
 
     dataset = build(cfg.dataset)
     runs = [MethodRun(e.label, build_drafter(e.cfg.method.drafter, target, tree), build(e.cfg.accept),
                       settings_hash(shared, per_method[e.label]), e.name) for e, tree in zip(entries, trees)]
     runs = [MethodRun(label, AutoregressiveDrafter(), ExactAcceptance(), settings_hash(shared, per_method[label]),
-                      BASELINE, with_dtype(loaded, dtypes.fastest_ar)) for label in extra] + runs
+                      BASELINE, with_backend(with_dtype(loaded, fast_d), fast_b)) for label in extra] + runs
     settings.chat_template = target.chat_template
-    evaluator = Evaluator(target, runs, sampling, dataset, settings, out, provenance(cfg, dtypes.dtype),
+    evaluator = Evaluator(target, runs, sampling, dataset, settings, out, provenance(cfg, execution.dtype, execution.backend),
                           settings_hash(shared, BASELINE_SETTINGS))
     records = evaluator.run()
 
-    profile = _latency_profile(cfg, target, hw, out, machine, dtypes.dtype, context)
+    profile = _latency_profile(cfg, target, hw, out, machine, execution, context)
     summary = summarize(records, profile, partial(roofline_step_time, ModelShape.of(target.model), hw),
                         evaluator.memory())
     summary = _with_streaming(summary, {r.label: r.drafter for r in evaluator.runs}, target, hw)
@@ -108,16 +116,16 @@ def _with_streaming(summary: pd.DataFrame, drafters: dict, target, hw) -> pd.Dat
     return pd.concat([summary, pd.DataFrame(rows, index=summary.index)], axis=1)
 
 
-def _latency_curve(hw, machine, target, dtype: str, context: float):
+def _latency_curve(hw, machine, target, execution, context: float):
     """L(n) in ms for tree=hardware_aware: measured here (hw=cpu/cuda read the machine profile) or, for a board
     spec one projects to, its roofline at the board's own bytes per parameter."""
     if hw.peak_tflops == MEASURED:
-        return lambda n: machine.latency_ms(dtype, n, context)
+        return lambda n: machine.latency_ms(execution.dtype, n, context, execution.backend)
     shape = ModelShape.of(target.model)
     return lambda n: 1e3 * roofline_step_time(shape, hw, n, context)
 
 
-def _latency_profile(cfg, target, hw, out, machine, dtype: str, context: float):
+def _latency_profile(cfg, target, hw, out, machine, execution, context: float):
     """L(n) for the ideal speedup: from the machine profile when there is one, else measured once per run folder
     (reused on resume); beside the roofline of the chosen hw."""
     if not cfg.eval.latency_profile:
@@ -125,8 +133,8 @@ def _latency_profile(cfg, target, hw, out, machine, dtype: str, context: float):
     path = out / "latency_profile.csv"
     if path.exists():
         return pd.read_csv(path)
-    if machine is not None and dtype in machine.dtypes:
-        profile = machine.curve(dtype, context)
+    if machine is not None and (execution.backend, execution.dtype) in machine.executions:
+        profile = machine.curve(execution.dtype, context, execution.backend)
     else:
         profile = latency_profile(target.model, sizes=tuple(cfg.eval.profile_sizes),
                                   context=int(cfg.eval.profile_context), repeats=cfg.eval.profile_repeats)

@@ -1,15 +1,17 @@
-"""task=profile: this machine's measured profile (peaks and L(n, context) per dtype), cached per fingerprint,
-printed, and set against the roofline of the measured peaks.
+"""task=profile: this machine's measured profile (peaks and L(n, context) per backend and dtype), cached per
+fingerprint, printed, and set against the roofline of the measured peaks.
 
-Contexts default to 128 and 1024; `+eval.profile_contexts=[128,512,1024,2048]` widens them."""
+Contexts default to 128 and 1024 (`eval.profile_contexts=[128,512,1024,2048]` widens them); backends are
+eval.profile_backends under model.backend=auto, else model.backend beside eager (the reference)."""
 
 from __future__ import annotations
 
 
 import pandas as pd
 
-from specbench.hardware.machine_profile import (as_spec, choose_dtype, load_or_measure_profile,
+from specbench.hardware.machine_profile import (as_spec, choose_execution, load_or_measure_profile,
                                                 roofline_error)
+from specbench.models.backends import AUTO
 from specbench.hardware.plots import profile_vs_roofline
 from specbench.hardware.roofline import ModelShape
 from specbench.tasks._common import run_dir, setup_target
@@ -19,9 +21,12 @@ def run(cfg) -> pd.DataFrame:
     out = run_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)
     hw, target = setup_target(cfg)
-    contexts = list(cfg.eval.get("profile_contexts", [128, 1024]))
-    profile = load_or_measure_profile(target, sizes=list(cfg.eval.profile_sizes), contexts=contexts,
-                                      repeats=cfg.eval.profile_repeats)
+    contexts = list(cfg.eval.profile_contexts)
+    backend = cfg.model.backend
+    backends = list(cfg.eval.profile_backends) if backend == AUTO else list(dict.fromkeys(["eager", backend]))
+    dtypes = None if cfg.eval.dtype == AUTO else [cfg.eval.dtype]
+    profile = load_or_measure_profile(target, dtypes=dtypes, sizes=list(cfg.eval.profile_sizes), contexts=contexts,
+                                      repeats=cfg.eval.profile_repeats, backends=backends)
     (out / "machine_profile.json").write_text(profile.to_json())  # load_or_measure_profile warns if it was busy
     info = profile.machine
     peaks = profile.peaks
@@ -31,15 +36,22 @@ def run(cfg) -> pd.DataFrame:
           + f"; memory read {peaks['mem_bandwidth_gbs']:.1f} GB/s; fixed cost {peaks['layer_overhead_ms']:.3f} ms"
           f" per layer; DRAM {peaks['memory_gb']:.1f} GB")
     errors = roofline_error(profile, ModelShape.of(target.model), as_spec(profile, hw))
+    errors = errors[errors["backend"].isin(backends) & errors["context"].isin(contexts)
+                    & errors["tokens"].isin(list(cfg.eval.profile_sizes)) & errors["dtype"].isin(dtypes or errors["dtype"])]
     errors.to_csv(out / "profile_vs_roofline.csv", index=False)
-    table = errors.pivot_table(index=["dtype", "context"], columns="tokens", values=["ms", "roofline_ms"])
+    errors = errors.assign(x_roofline=errors["ms"] / errors["roofline_ms"])
     with pd.option_context("display.width", 200, "display.precision", 1, "display.max_columns", 30):
-        print("L(n) measured (ms) and roofline (ms):")
-        print(table.to_string())
-    err = errors.groupby("dtype")["error_pct"].agg(lambda e: e.abs().mean())
-    print("roofline mean |error| %: " + ", ".join(f"{d} {v:.0f}%" for d, v in err.items()))
+        print("L(n) measured (ms), the roofline of the measured peaks (ms), and measured / roofline:")
+        for what in ("ms", "roofline_ms", "x_roofline"):
+            keys = ["dtype", "context"] if what == "roofline_ms" else ["backend", "dtype", "context"]
+            print(errors.pivot_table(index=keys, columns="tokens", values=what).to_string(
+                float_format=lambda v: f"{v:.2f}" if what == "x_roofline" else f"{v:.1f}"))
+    for name, reason in profile.machine.get("unsupported", {}).items():
+        print(f"not measured: {name}: {reason}")
+    for name, seconds in profile.compile_seconds.items():
+        print(f"compile time {name}: {seconds:.0f} s (first forwards; inductor caches graphs across processes)")
     for n in (1, 8, 32):
-        print(f"choose_dtype(tree_size={n}): {choose_dtype(profile, n, contexts[0])[1]}")
+        print(f"choose_execution(tree_size={n}): {choose_execution(profile, n, contexts[0], backends, dtypes)[2]}")
     title = (f"{target.name} on {info['cpu_model']} ({info['cpu_capability']}, {info['threads']} threads): "
              f"measured vs roofline of measured peaks")
     if "loadavg_1min" in info:

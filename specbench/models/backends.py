@@ -1,0 +1,138 @@
+"""Execution backends: the same transformers model and cache, run with less overhead per forward.
+
+- `eager`: transformers as it is, the reference every other backend is checked against.
+- `prepacked`: every nn.Linear keeps its weight in oneDNN's blocked layout, reordered once at load. Eager GEMM
+  repacks each weight on every call, which is what makes an n = 2 forward cost far more than n = 1 on CPU.
+- `compile`: torch.compile (inductor) of the model's forward with shapes dynamic in the tree size and the cache
+  length, so one graph serves every step, and with freezing, which turns the weights into constants that inductor
+  prepacks and folds. Compile time is paid on the first forwards and reported apart (`compile_seconds`); inductor
+  caches compiled graphs across processes.
+
+`auto` is not a backend: the evaluator resolves it from the machine profile (hardware/machine_profile.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import torch
+from torch import nn
+
+from specbench.errors import SpecbenchError
+from specbench.models.loading import LoadedModel
+
+BACKENDS = ("eager", "prepacked", "compile")
+AUTO = "auto"
+
+
+def check_backend(name: str) -> None:
+    if name != AUTO and name not in BACKENDS:
+        raise SpecbenchError(f"model.backend='{name}' is unknown; valid choices: {AUTO}, {', '.join(BACKENDS)}")
+
+
+def supported(backend: str, dtype: torch.dtype, device: torch.device) -> str | None:
+    """None when `backend` can run `dtype` on `device`, else why not (one line)."""
+    check_backend(backend)
+    if backend == "prepacked":
+        if device.type != "cpu":
+            return "prepacked oneDNN linears are a CPU backend"
+        try:  # oneDNN itself knows which ISA its packed bf16/fp16 kernels need
+            torch.ops.mkldnn._reorder_linear_weight(torch.zeros(8, 8, dtype=dtype))
+        except RuntimeError as exc:
+            return f"oneDNN cannot pack {dtype} weights on this CPU ({str(exc).splitlines()[0]})"
+    return None
+
+
+class PackedLinear(nn.Module):
+    """nn.Linear whose weight is reordered once into oneDNN's layout. The original parameter stays reachable as
+    `.weight` (a tied LM head, Medusa's heads and the memory accounting read it); only the packed copy is used."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.weight, self.bias = linear.weight, linear.bias
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach()),
+                             persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_grad_enabled() and self.weight.requires_grad:
+            return nn.functional.linear(x, self.weight, self.bias)  # the packed op has no backward
+        bias = None if self.bias is None else self.bias.detach()
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
+
+
+@dataclasses.dataclass
+class Compiled:
+    """Wall time of the forwards that compiled a graph (the first of each new shape family)."""
+
+    seconds: float = 0.0
+    graphs: int = 0
+
+
+def with_backend(target: LoadedModel, backend: str) -> LoadedModel:
+    """`target` run by `backend`, on a shallow copy of its module tree for prepacked (the original keeps its plain
+    linears; the weights are shared) and a wrapped forward for compile. eager returns target itself."""
+    check_backend(backend)
+    if backend == AUTO:
+        raise SpecbenchError("model.backend=auto is resolved by the evaluator from the machine profile; "
+                             "with_backend needs one of: " + ", ".join(BACKENDS))
+    if backend == "eager" or target.backend == backend:
+        return target
+    if target.backend != "eager":
+        raise SpecbenchError(f"the model already runs on backend '{target.backend}'; apply '{backend}' to the "
+                             f"eager model")
+    model = target.model
+    reason = supported(backend, model.dtype, model.device)
+    if reason:
+        raise SpecbenchError(f"model.backend={backend} cannot run {model.dtype} here: {reason}; use eager or "
+                             f"another dtype")
+    if backend == "prepacked":
+        model = _prepacked(model)
+    else:
+        model = _compiled(model)
+    return dataclasses.replace(target, model=model, backend=backend)
+
+
+def _prepacked(model: nn.Module) -> nn.Module:
+    import copy
+
+    clone = copy.copy(model)  # a new module tree whose leaves are shared until replaced
+    clone._modules = dict(model._modules)
+    stack = [clone]
+    while stack:
+        parent = stack.pop()
+        for name, child in list(parent._modules.items()):
+            if isinstance(child, nn.Linear):
+                parent._modules[name] = PackedLinear(child)
+            elif child is not None and any(isinstance(m, nn.Linear) for m in child.modules()):
+                copied = copy.copy(child)
+                copied._modules = dict(child._modules)
+                parent._modules[name] = copied
+                stack.append(copied)
+    return clone
+
+
+def _compiled(model: nn.Module) -> nn.Module:
+    import copy
+
+    clone = copy.copy(model)
+    # Each call signature (prefill, a tree verify, with or without hidden states), a one-token step and a cropped
+    # cache's strides get a graph of their own before dynamo generalises; more than its default limit of 8.
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    compiled = torch.compile(model.forward, dynamic=True, options={"freezing": model.device.type == "cpu"})
+    stats = Compiled()
+
+    def forward(*args, **kwargs):
+        before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        start = time.perf_counter()
+        out = compiled(*args, **kwargs)
+        new = torch._dynamo.utils.counters["stats"]["unique_graphs"] - before
+        if new:
+            stats.seconds += time.perf_counter() - start
+            stats.graphs += new
+        return out
+
+    clone.forward = forward
+    clone.compile_stats = stats
+    return clone

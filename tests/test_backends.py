@@ -1,0 +1,93 @@
+"""Execution backends run the same model: tree verification matches one-token forwards on every backend, greedy
+speculative decoding equals plain decoding on it, and its output equals the eager backend's in fp32."""
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from specbench.acceptance import ExactAcceptance
+from specbench.decoding import Decoder
+from specbench.drafters.autoregressive import AutoregressiveDrafter
+from specbench.drafters.pld import PromptLookupDrafter
+from specbench.errors import SpecbenchError
+from specbench.models.backends import PackedLinear, supported, with_backend
+from specbench.models.loading import with_dtype
+from specbench.sampling import SamplingParams
+from specbench.trees.native import NativePolicy
+from specbench.trees.token_tree import TokenTree
+from specbench.verification import commit_path, verify_tree
+
+FAST = ["prepacked", "compile"]
+
+
+@pytest.fixture(scope="module")
+def fast(tiny):
+    return {name: with_backend(tiny, name) for name in FAST}
+
+
+def test_prepacked_swaps_every_linear_on_a_copy_and_keeps_the_weights_shared(tiny, fast):
+    packed = fast["prepacked"].model
+    linears = [n for n, m in tiny.model.named_modules() if isinstance(m, torch.nn.Linear)]
+    assert linears and all(isinstance(packed.get_submodule(n), PackedLinear) for n in linears)
+    assert all(isinstance(tiny.model.get_submodule(n), torch.nn.Linear) for n in linears)  # the original is intact
+    assert packed.lm_head.weight is tiny.model.lm_head.weight  # tied and shared: nothing copied but the packing
+    assert fast["prepacked"].backend == "prepacked" and tiny.backend == "eager"
+
+
+@pytest.mark.parametrize("backend", FAST)
+def test_a_tree_forward_on_the_backend_equals_one_token_forwards_on_the_eager_model(tiny, fast, backend):
+    """The tree mask and the path gather into the cache work on the backend: each node's logits equal those of
+    eager one-token forwards along its path."""
+    model, prompt = fast[backend].model, torch.arange(10, 30)[None]
+    tree = TokenTree(torch.tensor([5, 7, 9, 11, 13]), torch.tensor([-1, 0, 0, 1, 3]))  # two branches, depth 3
+    with torch.inference_mode():
+        cache = DynamicCache()
+        model(input_ids=prompt, past_key_values=cache, use_cache=True)
+        logits = verify_tree(model, cache, tree).logits
+        commit_path(cache, prompt.shape[1], [0, 1, 3])  # keep the branch 5 -> 7 -> 11
+        after = verify_tree(model, cache, TokenTree(torch.tensor([13]), torch.tensor([-1]))).logits
+        for node in range(len(tree)):
+            path = tree.tokens[tree.path_to(node)]
+            ref = tiny.model(input_ids=torch.cat([prompt[0], path])[None]).logits[0, -1]
+            assert torch.allclose(logits[node], ref, atol=1e-4), node
+        ref = tiny.model(input_ids=torch.cat([prompt[0], torch.tensor([5, 7, 11, 13])])[None]).logits[0, -1]
+        assert torch.allclose(after[0], ref, atol=1e-4)
+
+
+@pytest.mark.parametrize("backend", FAST)
+def test_greedy_speculation_on_the_backend_equals_its_plain_decoding_and_the_eager_output(tiny, fast, backend):
+    def decode(model, drafter, prompt):
+        return Decoder(model, drafter, ExactAcceptance(), SamplingParams(), 32, tiny.eos_token_ids,
+                       max_context=tiny.max_context).generate(prompt).tokens
+
+    texts = ["the cat sat on the mat and the cat sat on the hat", "abc abc abc abd abc", "hello world " * 6]
+    accepted = 0
+    for text in texts:
+        prompt = tiny.tokenizer(text)["input_ids"]
+        eager = decode(tiny.model, AutoregressiveDrafter(), prompt)
+        plain = decode(fast[backend].model, AutoregressiveDrafter(), prompt)
+        pld = Decoder(fast[backend].model, PromptLookupDrafter(fast[backend], NativePolicy(11)), ExactAcceptance(),
+                      SamplingParams(), 32, tiny.eos_token_ids, max_context=tiny.max_context).generate(prompt)
+        assert pld.tokens == plain == eager
+        accepted += sum(s.accepted for s in pld.steps)
+    assert accepted > 0
+
+
+def test_compile_reports_its_compile_time_apart(fast):
+    stats = fast["compile"].model.compile_stats
+    assert stats.graphs >= 1 and stats.seconds > 0  # the tests above compiled it
+
+
+def test_backends_refuse_what_they_cannot_run_in_one_line(tiny):
+    with pytest.raises(SpecbenchError, match="model.backend='tvm' is unknown; valid choices: auto, eager, prepacked, compile"):
+        with_backend(tiny, "tvm")
+    with pytest.raises(SpecbenchError, match="resolved by the evaluator"):
+        with_backend(tiny, "auto")
+    packed = with_backend(tiny, "prepacked")
+    with pytest.raises(SpecbenchError, match="cast the eager model to bfloat16, then apply backend 'prepacked'"):
+        with_dtype(packed, "bfloat16")
+    reason = supported("prepacked", torch.bfloat16, torch.device("cpu"))
+    if reason is None:
+        pytest.skip("this CPU packs bf16 (AVX-512 or AVX-NE-CONVERT): nothing to refuse")
+    with pytest.raises(SpecbenchError, match="model.backend=prepacked cannot run torch.bfloat16 here: oneDNN cannot"):
+        with_backend(with_dtype(tiny, "bfloat16"), "prepacked")
