@@ -24,6 +24,7 @@ from specbench.acceptance.rejection import RejectionSampling
 from specbench.sampling import SamplingParams
 from specbench.errors import SpecbenchError
 from specbench.models import tiny_random
+from specbench.models.backends import with_backend
 from specbench.trees.chain import ChainPolicy
 from specbench.trees.dynamic import DynamicPolicy
 from specbench.trees.static import StaticPolicy
@@ -142,6 +143,19 @@ def test_rejection_matches_autoregressive_distribution(tables, case):
     samples = speculative_samples(target_table, draft_table, policy, RejectionSampling(), stochastic, SAMPLES)
     tv, bound = tv_and_bound(samples, exact_distribution(target_table))
     assert tv < bound, f"{case}: TV {tv:.4f} exceeds the bound {bound:.4f} for {SAMPLES} samples"
+
+
+@pytest.mark.parametrize("backend", ["prepacked", "compile"])
+def test_rejection_matches_autoregressive_distribution_on_the_fast_backends(backend):
+    """The same test with both tables computed by the target and draft run on a fast execution backend."""
+    target = lively_tiny(0)
+    draft = noisy_copy(target, noise=1.5)
+    target_table = logits_table(with_backend(target, backend).model, TOKENS + 1)
+    draft_table = logits_table(with_backend(draft, backend).model, TOKENS + 1)
+    policy, stochastic = CASES["dynamic tree (EAGLE-2)"]
+    samples = speculative_samples(target_table, draft_table, policy, RejectionSampling(), stochastic, SAMPLES)
+    tv, bound = tv_and_bound(samples, exact_distribution(target_table))
+    assert tv < bound, f"{backend}: TV {tv:.4f} exceeds the bound {bound:.4f} for {SAMPLES} samples"
 
 
 @pytest.mark.parametrize("case", ["tree, sampled siblings (SpecInfer)", "tree, deterministic top-k"])
