@@ -91,3 +91,21 @@ def test_backends_refuse_what_they_cannot_run_in_one_line(tiny):
         pytest.skip("this CPU packs bf16 (AVX-512 or AVX-NE-CONVERT): nothing to refuse")
     with pytest.raises(SpecbenchError, match="model.backend=prepacked cannot run torch.bfloat16 here: oneDNN cannot"):
         with_backend(with_dtype(tiny, "bfloat16"), "prepacked")
+
+
+def test_a_draft_sliced_from_the_eager_target_runs_on_the_backend_and_stays_lossless(tiny, fast):
+    """build_drafter slices the early-exit draft from the eager model, then runs it on the run's backend."""
+    from specbench.config import build
+    from specbench.evaluation.methods import build_drafter
+    from tests.conftest import compose_cfg
+
+    cfg = compose_cfg(["model=tiny_random", "method=draft_model", "method.checkpoint=null",
+                       "method.draft.early_exit_layers=1", "tree=chain", "tree.budget=4"])
+    drafter = build_drafter(cfg.method.drafter, tiny, build(cfg.tree), "prepacked")
+    assert drafter.draft.backend == "prepacked" and isinstance(drafter.draft.model.lm_head, PackedLinear)
+    prompt = tiny.tokenizer("the cat sat on the mat and the cat sat")["input_ids"]
+    run = Decoder(fast["prepacked"].model, drafter, ExactAcceptance(), SamplingParams(), 24, tiny.eos_token_ids,
+                  max_context=tiny.max_context).generate(prompt)
+    plain = Decoder(tiny.model, AutoregressiveDrafter(), ExactAcceptance(), SamplingParams(), 24, tiny.eos_token_ids,
+                    max_context=tiny.max_context).generate(prompt)
+    assert run.tokens == plain.tokens and any(s.tree_size > 1 for s in run.steps)

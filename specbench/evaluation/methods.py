@@ -20,6 +20,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from specbench.config import CONF_DIR, build
 from specbench.drafters.base import Drafter
 from specbench.errors import SpecbenchError
+from specbench.models.backends import with_backend
 from specbench.models.loading import LoadedModel
 from specbench.trees.policy import TreePolicy
 
@@ -101,10 +102,19 @@ def drafter_class(drafter_cfg) -> type[Drafter]:
     return get_class(drafter_cfg._target_)
 
 
-def build_drafter(drafter_cfg, target: LoadedModel, tree: TreePolicy) -> Drafter:
-    """cls(target=..., tree=..., **config): a tree the method would ignore is an error, not silence."""
+def build_drafter(drafter_cfg, target: LoadedModel, tree: TreePolicy, backend: str = "eager") -> Drafter:
+    """cls(target=..., tree=..., **config): a tree the method would ignore is an error, not silence.
+
+    target is the eager model: a drafter may slice it (an early-exit draft) or merge an adapter into a copy (Medusa-2),
+    which a compiled or prepacked forward cannot take. The models it derives so (`draft`, `backbone`) then run on
+    `backend`, the run's, as the target does."""
     check_tree(drafter_cfg, tree)
-    return build(drafter_cfg, target=target, tree=tree)
+    drafter = build(drafter_cfg, target=target, tree=tree)
+    for name in ("draft", "backbone"):
+        derived = getattr(drafter, name, None)
+        if isinstance(derived, LoadedModel):
+            setattr(drafter, name, with_backend(derived, backend))
+    return drafter
 
 
 def check_tree(drafter_cfg, tree: TreePolicy) -> None:

@@ -66,7 +66,8 @@ def run(cfg, overrides: list[str] | None = None) -> pd.DataFrame:
     context = cfg.eval.profile_context + cfg.eval.max_new_tokens / 2
     execution = plan(cfg.eval.dtype, backend, machine, float(np.mean([t.budget for t in trees])), context)
     print(f"backend/dtype {execution.reason}")
-    target = with_backend(with_dtype(loaded, execution.dtype), execution.backend)
+    cast = with_dtype(loaded, execution.dtype)  # drafters are built on it (build_drafter says why)
+    target = with_backend(cast, execution.backend)
     if sized:
         trees = [t.fit(_latency_curve(hw, machine, target, execution, context))
                  if isinstance(t, HardwareAwarePolicy) else t for t in trees]
@@ -80,7 +81,7 @@ def run(cfg, overrides: list[str] | None = None) -> pd.DataFrame:
     check_and_save_settings(out, shared, per_method)
 
     dataset = build(cfg.dataset)
-    runs = [MethodRun(e.label, build_drafter(e.cfg.method.drafter, target, tree), build(e.cfg.accept),
+    runs = [MethodRun(e.label, build_drafter(e.cfg.method.drafter, cast, tree, execution.backend), build(e.cfg.accept),
                       settings_hash(shared, per_method[e.label]), e.name) for e, tree in zip(entries, trees)]
     runs = [MethodRun(label, AutoregressiveDrafter(), ExactAcceptance(), settings_hash(shared, per_method[label]),
                       BASELINE, with_backend(with_dtype(loaded, fast_d), fast_b)) for label in extra] + runs
