@@ -239,3 +239,13 @@ def test_batched_evaluation_stays_lossless_and_reports_throughput(tmp_path):
     tokens = sum(r["new_tokens"] for r in records if r["method"] == "pld")
     assert summary.loc["pld", "throughput_tokens_per_s"] == pytest.approx(tokens / sum(per_batch.values()))
     assert summary.loc["pld", "throughput_tokens_per_s"] > summary.loc["pld", "tokens_per_s"]  # sequences overlap
+
+
+def test_transformers_generate_runs_beside_our_plain_decoding_and_matches_it(tmp_path):
+    overrides = [*FAST, "eval.hf_generate=true", "eval.num_prompts=2", "eval.first_turn_only=true"]
+    summary = eval_task.run(compose_cfg(overrides, tmp_path / "run")).set_index("method")
+    assert list(summary.index) == ["autoregressive", "pld", "hf_generate"]
+    assert summary.loc["hf_generate", "lossless_match"] == 1.0  # greedy generate() = our loop with no drafts
+    assert summary.loc["hf_generate", "tau"] == pytest.approx(1.0) and summary.loc["hf_generate", "tokens_per_s"] > 0
+    with pytest.raises(SpecbenchError, match="eval.hf_generate compares greedy decoding; sampling.temperature=0.7"):
+        eval_task.run(compose_cfg([*overrides, "sampling=sample", "sampling.temperature=0.7"], tmp_path / "r2"))

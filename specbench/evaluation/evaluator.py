@@ -21,6 +21,7 @@ from specbench.decoding import Decoder, Generation
 from specbench.drafters.autoregressive import AutoregressiveDrafter
 from specbench.drafters.base import Drafter
 from specbench.errors import SpecbenchError
+from specbench.evaluation.hf_generate import HF_GENERATE, HFGenerate
 from specbench.evaluation.memory import peak_allocated_bytes
 from specbench.evaluation.metrics import BASELINE, decoded
 from specbench.models.loading import LoadedModel
@@ -87,6 +88,11 @@ class Evaluator:
         return out
 
     def _decoder(self, run: MethodRun) -> Decoder:
+        if run.method_name == HF_GENERATE:
+            tok = self.target.tokenizer
+            return HFGenerate((run.target or self.target).model, self.sampling, self.settings.max_new_tokens,
+                              self.target.eos_token_ids, tok.pad_token_id if tok.pad_token_id is not None
+                              else self.target.eos_token_ids[0])
         cls = Decoder if self.settings.batch_size == 1 else BatchDecoder
         return cls((run.target or self.target).model, run.drafter, run.acceptance, self.sampling, self.settings.max_new_tokens,
                        self.target.eos_token_ids, seed=self.settings.seed, max_context=self.target.max_context)

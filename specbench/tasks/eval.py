@@ -18,6 +18,7 @@ from hydra.core.hydra_config import HydraConfig
 
 from specbench.config import build
 from specbench.evaluation.evaluator import EvalSettings, Evaluator, MethodRun
+from specbench.evaluation.hf_generate import HF_GENERATE, check_greedy
 from specbench.evaluation.methods import build_drafter, check_tree, resolve_entries
 from specbench.evaluation.metrics import BASELINE, decoded, summarize
 from specbench.evaluation.provenance import check_and_save_settings, provenance, settings_hash, shared_settings
@@ -51,6 +52,8 @@ def run(cfg, overrides: list[str] | None = None) -> pd.DataFrame:
     check_dtype(cfg.eval.dtype)
     check_backend(cfg.model.backend)
     sampling = SamplingParams(**cfg.sampling)
+    if cfg.eval.hf_generate:
+        check_greedy(sampling)
     if overrides is None and HydraConfig.initialized():
         overrides = list(HydraConfig.get().overrides.task)
     entries = resolve_entries(cfg, overrides or [])
@@ -78,6 +81,8 @@ def run(cfg, overrides: list[str] | None = None) -> pd.DataFrame:
     extra = [] if not cfg.eval.baseline or execution.fastest_ar == (execution.backend, execution.dtype) \
         else [f"{BASELINE}@{execution.fastest_ar_label}"]
     per_method |= {label: {**BASELINE_SETTINGS, "dtype": fast_d, "backend": fast_b} for label in extra}
+    if cfg.eval.hf_generate:
+        per_method[HF_GENERATE] = {"method": {"name": HF_GENERATE}, "dtype": fast_d, "backend": "eager"}
     check_and_save_settings(out, shared, per_method)
 
     dataset = build(cfg.dataset)
@@ -85,6 +90,9 @@ def run(cfg, overrides: list[str] | None = None) -> pd.DataFrame:
                       settings_hash(shared, per_method[e.label]), e.name) for e, tree in zip(entries, trees)]
     runs = [MethodRun(label, AutoregressiveDrafter(), ExactAcceptance(), settings_hash(shared, per_method[label]),
                       BASELINE, with_backend(with_dtype(loaded, fast_d), fast_b)) for label in extra] + runs
+    if cfg.eval.hf_generate:  # transformers' generate on the eager model, in the fastest plain decoding's dtype
+        runs.append(MethodRun(HF_GENERATE, AutoregressiveDrafter(), ExactAcceptance(),
+                              settings_hash(shared, per_method[HF_GENERATE]), HF_GENERATE, with_dtype(loaded, fast_d)))
     settings.chat_template = target.chat_template
     evaluator = Evaluator(target, runs, sampling, dataset, settings, out, provenance(cfg, execution.dtype, execution.backend),
                           settings_hash(shared, BASELINE_SETTINGS))
