@@ -18,10 +18,11 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from specbench.decoding import Decoder, Generation, StepRecord
+from specbench.decoding import Decoder, Generation, StepRecord, output_row
 from specbench.drafters.base import DecodeState, Drafter, StepOutcome
 from specbench.errors import SpecbenchError
 from specbench.trees.policy import TreePolicy
+from specbench.trees.token_tree import TokenTree
 from specbench.verification import (VerifyOutput, cache_bytes, commit_batch, keep_sequences, prefill_batch,
                                     verify_batch)
 
@@ -98,12 +99,21 @@ class BatchDecoder(Decoder):
         cache = DynamicCache()
 
         start = self._clock()
-        lasts = prefill_batch(self.model, cache, prompts, want_hidden)
+        chains = [TokenTree.chain(p[0], p[1:]) for p in prompts]
+        extras = [self._prefill_extras(d, c) for d, c in zip(drafters, chains)]
+        if all(e is None for e in extras):
+            lasts, pouts = prefill_batch(self.model, cache, prompts, want_hidden), None
+        else:  # Decoder.generate's prefill with extras, batched: a step on an empty cache that commits the prompts
+            pouts = verify_batch(self.model, cache, chains, [0] * b, want_hidden, extras)
+            commit_batch(cache, [0] * b, 0, [list(range(len(p))) for p in prompts])
+            lasts = [output_row(out, len(p) - 1) for out, p in zip(pouts, prompts)]
         states = []
-        for prompt, last, drafter, generator in zip(prompts, lasts, drafters, generators):
+        for k, (prompt, last, drafter, generator) in enumerate(zip(prompts, lasts, drafters, generators)):
             first = self.sampling.sample(last.logits[0], generator)
             states.append(DecodeState(tokens=list(prompt) + [first], prompt_len=len(prompt), last=last))
             drafter.reset(states[-1])
+            if extras[k] is not None:
+                drafter.observe(StepOutcome(chains[k], list(range(len(prompt))), first, pouts[k]))
         prefill_time = self._clock() - start
         run = self.last_run = BatchRun(b, prefill_time, 0.0, kv_peak_bytes=cache_bytes(cache))
         gens = [Generation(len(p), [s.tokens[-1]], prefill_time=prefill_time, wall_time=0.0) for p, s in

@@ -78,12 +78,21 @@ class Decoder:
         want_hidden = self.drafter.needs_hidden_states
 
         start = self._clock()
-        out = self.model(input_ids=torch.tensor([prompt_ids], device=self.model.device), past_key_values=cache,
-                         use_cache=True, output_hidden_states=want_hidden)
-        last = VerifyOutput(out.logits[0, -1:].float(), out.hidden_states[-1][0, -1:] if want_hidden else None)
+        prompt = TokenTree.chain(prompt_ids[0], prompt_ids[1:])
+        extras = self._prefill_extras(self.drafter, prompt)
+        if extras is None:
+            out = self.model(input_ids=torch.tensor([prompt_ids], device=self.model.device), past_key_values=cache,
+                             use_cache=True, output_hidden_states=want_hidden)
+            last = VerifyOutput(out.logits[0, -1:].float(), out.hidden_states[-1][0, -1:] if want_hidden else None)
+        else:  # the prompt and the drafter's extras in one forward; only the prompt's entries stay in the cache
+            pout = verify_tree(self.model, cache, prompt, want_hidden, *extras)
+            commit_path(cache, 0, list(range(prompt_len)))
+            last = output_row(pout, prompt_len - 1)
         first = self.sampling.sample(last.logits[0], generator)
         state = DecodeState(tokens=list(prompt_ids) + [first], prompt_len=prompt_len, last=last)
         self.drafter.reset(state)
+        if extras is not None:
+            self.drafter.observe(StepOutcome(prompt, list(range(prompt_len)), first, pout))
         gen = Generation(prompt_len, [first], prefill_time=self._clock() - start, wall_time=0.0)
         self._log_probs(gen, last.logits, [first])
 
@@ -138,8 +147,20 @@ class Decoder:
                 break
         return tokens[: self.max_new_tokens]
 
+    def _prefill_extras(self, drafter: Drafter, prompt: TokenTree) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The drafter's prefill extras, unless they would reach past the context (then a plain prefill)."""
+        extras = drafter.prefill_extras(prompt)
+        if extras is None or len(prompt) + len(extras[1]) >= self.max_context:
+            return None
+        return extras
+
     def _fit_context(self, tree: TokenTree, past_len: int) -> TokenTree:
         """Near the end of the context there is no room for a tree: verify the root alone."""
         if past_len + len(tree) + 1 > self.max_context:
             return TokenTree.chain(tree.tokens[0].item(), [])
         return tree
+
+
+def output_row(out: VerifyOutput, row: int) -> VerifyOutput:
+    """One row of a forward's outputs, as state.last holds them."""
+    return VerifyOutput(out.logits[row: row + 1], None if out.hidden is None else out.hidden[row: row + 1])

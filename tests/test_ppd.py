@@ -11,7 +11,9 @@ from specbench.decoding import Decoder
 from specbench.drafters.autoregressive import AutoregressiveDrafter
 from specbench.trees.native import NativePolicy
 from specbench.drafters.ppd import PPDDrafter, PromptTokens
-from specbench.drafters.ppd_tree import dynamic_sparse_tree
+from specbench.drafters.ppd_tree import dynamic_sparse_tree, hardware_aware_budget
+from specbench.errors import SpecbenchError
+from specbench.trees.hardware_aware import HardwareAwarePolicy
 from specbench.models.artifact import save_artifact
 from specbench.training.ppd import PPDModule
 from specbench.trees.token_tree import TokenTree
@@ -38,10 +40,41 @@ def test_ppd_greedy_output_equals_autoregressive(tiny, prompt_artifact, budget):
         ar = Decoder(tiny.model, AutoregressiveDrafter(), ExactAcceptance(), SamplingParams(), 40).generate(prompt)
         gen = Decoder(tiny.model, drafter, ExactAcceptance(), SamplingParams(), 40).generate(prompt)
         assert gen.tokens == ar.tokens
-        # every row of the forward is counted: after prefill the root and its m * n_e prompt tokens, then trees
-        # whose candidates and prompt tokens together fill at most the budget
-        assert gen.steps[0].tree_size == 1 + drafter.m * drafter.n_e
-        assert max(s.tree_size for s in gen.steps) <= budget and max(s.tree_size for s in gen.steps) > gen.steps[0].tree_size
+        # every row of the forward is counted; the prefill carried prompt tokens, so the first step already
+        # verifies state T_m's whole tree (candidates and prompt tokens), not the root alone
+        assert gen.steps[0].tree_size == drafter.states[drafter.m].rows(drafter.n_e) > 1 + drafter.m * drafter.n_e
+        assert max(s.tree_size for s in gen.steps) <= budget
+
+
+def test_prefill_guesses_are_those_a_root_alone_step_would_make(tiny, prompt_artifact):
+    """The prompt tokens attached to the prefill sit where a step verifying the last prompt token as its root would
+    put them: the same guesses (the old first step), without spending a forward on it; the cache keeps the prompt."""
+    drafter = PPDDrafter(tiny, NativePolicy(12), str(prompt_artifact))
+    prompt = PROMPTS[2]
+    gen = Decoder(tiny.model, drafter, ExactAcceptance(), SamplingParams(), 1).generate(prompt)  # prefill only
+    assert gen.steps == []
+    cache = DynamicCache()
+    with torch.inference_mode():
+        tiny.model(input_ids=torch.tensor([prompt[:-1]]), past_key_values=cache, use_cache=True)
+        root = TokenTree.chain(prompt[-1], [])
+        drafter._carried = [drafter.m]
+        out = verify_tree(tiny.model, cache, root, False, *drafter.verify_extras(root))
+    chains = out.logits[1:].reshape(drafter.n_e, drafter.m, -1)  # one chain of m prompt tokens per member
+    expected = chains.mean(0).softmax(-1)
+    torch.testing.assert_close(drafter._probs, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_no_room_for_prompt_tokens_at_prefill_falls_back_to_the_root(tiny, prompt_artifact):
+    """A prompt whose prompt-token rows would reach past the context gets a plain prefill; the first step then
+    verifies the root and its prompt tokens, and the output is still plain decoding's."""
+    drafter = PPDDrafter(tiny, NativePolicy(12), str(prompt_artifact))
+    prompt = PROMPTS[2]
+    context = len(prompt) + drafter.m * drafter.n_e  # the prompt fits, its prompt-token rows do not
+    ar = Decoder(tiny.model, AutoregressiveDrafter(), ExactAcceptance(), SamplingParams(), 40,
+                 max_context=context).generate(prompt)
+    gen = Decoder(tiny.model, drafter, ExactAcceptance(), SamplingParams(), 40, max_context=context).generate(prompt)
+    assert gen.tokens == ar.tokens
+    assert gen.steps[0].tree_size == 1 + drafter.m * drafter.n_e
 
 
 def test_prompt_token_chains_see_what_training_showed_them(tiny):
@@ -82,3 +115,33 @@ def test_dynamic_sparse_tree_fits_the_budget_and_each_state_its_depth(budget):
 class _Uniform:
     def expand(self, tree, nodes):
         return torch.linspace(1.0, 0.1, 50).repeat(len(nodes), 1)
+
+
+@pytest.mark.parametrize("latency, best", [(lambda n: n, 2), (lambda n: 10.0 + n, 6)])
+def test_hardware_aware_size_from_hand_worked_rates(latency, best):
+    """One prompt token, ranks 0/1 right half and a quarter of the time. Budget 2: the root and its prompt token,
+    tau 1. Budgets 4 and 5: candidate [0] with its own prompt token (4 rows, one prompt token each is all m = 1
+    allows), tau 1.5. Budget 6: candidates [0] and [1], 6 rows, tau 1.75. Under L(n) = n the rates are 1/2, 1.5/4,
+    1.75/6: the root alone wins; under L(n) = 10 + n they are 1/12, 1.5/14, 1.75/16: the largest tree wins."""
+    acc = [[0.5, 0.25]]
+    n, rates = hardware_aware_budget(acc, 1, 1, 6, latency)
+    taus = {2: 1.0, 3: 1.0, 4: 1.5, 5: 1.5, 6: 1.75}
+    rows = {2: 2, 3: 2, 4: 4, 5: 4, 6: 6}
+    assert rates == pytest.approx({k: taus[k] / latency(rows[k]) for k in taus})
+    assert n == best
+
+
+def test_tree_hardware_aware_sizes_ppd_from_its_artifact(tiny, prompt_artifact):
+    """method=ppd tree=hardware_aware: tree.budget caps n*, every state's forward fits n*, decoding stays lossless;
+    before the evaluator fits a latency curve there is nothing to size with."""
+    with pytest.raises(SpecbenchError, match="no latency curve"):
+        PPDDrafter(tiny, HardwareAwarePolicy(24), str(prompt_artifact))
+    steep = PPDDrafter(tiny, HardwareAwarePolicy(24).fit(lambda n: float(n) ** 3), str(prompt_artifact))
+    flat = PPDDrafter(tiny, HardwareAwarePolicy(24).fit(lambda n: 1.0), str(prompt_artifact))
+    assert steep.budget == 1 + steep.m * steep.n_e  # every extra row costs more than it can return
+    assert steep.budget < flat.budget <= 24
+    assert all(s.rows(flat.n_e) <= flat.budget for s in flat.states.values())
+    prompt = PROMPTS[0]
+    ar = Decoder(tiny.model, AutoregressiveDrafter(), ExactAcceptance(), SamplingParams(), 30).generate(prompt)
+    gen = Decoder(tiny.model, flat, ExactAcceptance(), SamplingParams(), 30).generate(prompt)
+    assert gen.tokens == ar.tokens and max(s.tree_size for s in gen.steps) <= flat.budget

@@ -53,6 +53,12 @@ class Drafter(ABC):
         """Optional non-vocabulary inputs to attach to the tree in the verify forward: (embeds, parent node ids)."""
         return None
 
+    def prefill_extras(self, prompt: TokenTree) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Optional extras for the prefill forward (the prompt as a chain tree), as verify_extras gives for a step;
+        a drafter that returns some then observes the prefill as a step whose path is the whole prompt, so its
+        first step already has what the extras drafted (PPD's prompt-token guesses)."""
+        return None
+
     def cache_bytes(self) -> int:
         """Bytes of the drafter's own KV cache or state (a draft model's cache), for per-method memory."""
         return 0

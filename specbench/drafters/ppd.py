@@ -1,23 +1,29 @@
 """Parallel Prompt Decoding (Chen, PPD thesis 2024): m learned prompt-token embeddings guess tokens 2..m+1 ahead.
 
 Every tree node carries a chain of its own prompt tokens (verify_extras), placed at the positions of the future
-tokens they stand in for, so one target forward verifies this step's guesses and drafts the next step's. The
-prompt tokens' KV entries are never committed. The tree is the thesis's dynamic sparse tree: state T_k, used after
+tokens they stand in for, so one target forward verifies this step's guesses and drafts the next step's; the last
+prompt token carries them in the prefill (prefill_extras), so the first step has guesses too. The prompt tokens' KV
+entries are never committed. The tree is the thesis's dynamic sparse tree: state T_k, used after
 the accepted node carried k prompt tokens, has candidates up to depth k, and each candidate carries 1..m prompt
 tokens, chosen offline from calibrated accuracies (specbench.drafters.ppd_tree).
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 
 from specbench.drafters.base import DecodeState, Drafter, StepOutcome
-from specbench.drafters.ppd_tree import PPDState, dynamic_sparse_tree
+from specbench.drafters.ppd_tree import PPDState, dynamic_sparse_tree, hardware_aware_budget
 from specbench.errors import SpecbenchError
 from specbench.models.artifact import load_artifact
+from specbench.trees.hardware_aware import HardwareAwarePolicy
 from specbench.trees.policy import GrowingTree, TreePolicy
 from specbench.trees.token_tree import TokenTree
+
+log = logging.getLogger(__name__)
 
 
 class PromptTokens(nn.Module):
@@ -60,6 +66,7 @@ def chain_layout(carried: list[int], num_ensemble: int, offset: int) -> list[tup
 
 class PPDDrafter(Drafter):
     name = "ppd"
+    tree_policies = ("native", "hardware_aware")
 
     def __init__(self, target, tree: TreePolicy, checkpoint: str | None = None, topk: int = 10) -> None:
         """tree.budget counts every row of the forward: root, candidates and prompt tokens."""
@@ -74,18 +81,41 @@ class PPDDrafter(Drafter):
         self.embeds = self.prompts.weight.detach().to(target.model.device, target.model.dtype)
         self.m, self.n_e = self.prompts.num_prompt_tokens, self.prompts.num_ensemble
         acc = [row[:topk] for row in meta["metrics"]["rank_accuracy"]]
-        self.states: dict[int, PPDState] = dynamic_sparse_tree(acc, self.m, tree.budget, self.n_e)
+        self.budget = self._size(tree, acc)
+        self.states: dict[int, PPDState] = dynamic_sparse_tree(acc, self.m, self.budget, self.n_e)
         self.policies = {k: s.policy for k, s in self.states.items()}
         self._k = self.m  # state T_k: prompt tokens the last accepted node carried
         self._probs: torch.Tensor | None = None  # (m, V) guesses for depths 1..m below the next root
         self._carried: list[int] = []
 
+    def _size(self, tree: TreePolicy, acc: list[list[float]]) -> int:
+        """tree=native: tree.budget rows. tree=hardware_aware: the thesis's n* = argmax tau(n) / L(n) up to
+        tree.budget, n every row verified, tau(n) from the artifact's held-out accuracies, L(n) fitted by the
+        evaluator (the machine profile or the hw roofline)."""
+        if not isinstance(tree, HardwareAwarePolicy):
+            return tree.budget
+        if tree.latency_ms is None:
+            raise SpecbenchError("tree=hardware_aware has no latency curve: the evaluator fits it from the machine "
+                                 "profile or the hw roofline before PPD is built")
+        if tree.accept_table is not None:
+            raise SpecbenchError("tree.accept_prob must stay null for PPD: its tree is sized from its artifact's "
+                                 "per-prompt-token accuracies, which is what it drafts with")
+        best, rates = hardware_aware_budget(acc, self.m, self.n_e, tree.max_budget, tree.latency_ms)
+        log.info("PPD hardware-aware size: n* = %d rows (tau/L over n = %d..%d)", best, min(rates), tree.max_budget)
+        return best
+
+    def prefill_extras(self, prompt: TokenTree) -> tuple[torch.Tensor, torch.Tensor]:
+        """The last prompt token carries m prompt tokens in the prefill, as a root does in a step, so the first step
+        already verifies guesses (observe reads them from the prefill)."""
+        self._carried = [0] * (len(prompt) - 1) + [self.m]
+        return self.verify_extras(prompt)
+
     def reset(self, state: DecodeState) -> None:
-        self._probs = None  # prefill ran without prompt tokens: the first step verifies the root alone
+        self._probs, self._k = None, self.m  # a prefill without prompt tokens (no room in the context): root alone
 
     def propose(self, state: DecodeState) -> TokenTree:
         policy = None if self._probs is None else self.policies[self._k]
-        if policy is None:  # after prefill, or a state without candidates: the root and its prompt tokens only
+        if policy is None:  # after a plain prefill, or a state without candidates: the root and its prompt tokens only
             self._carried = [self.m]
             return TokenTree.chain(state.root, [])
         self._carried = self.states[self._k].carried

@@ -10,6 +10,7 @@ budget fits; the candidate/prompt split maximises the two-step lookahead F(T_k) 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from specbench.errors import SpecbenchError
 from specbench.trees.greedy import greedy_choices
@@ -23,6 +24,11 @@ class PPDState:
     paths: list[Path]  # candidate rank paths, sorted by (depth, ranks): StaticPolicy's node order, root excluded
     carried: list[int]  # prompt tokens per tree node, root first
     value: float  # F(T_k)
+    trans: dict[int, float]  # P(the next state is T_i), i = 1..m: the accepted node carried i prompt tokens
+
+    def rows(self, n_e: int) -> int:
+        """Rows of this state's forward: root, candidates and every prompt token."""
+        return 1 + len(self.paths) + n_e * sum(self.carried)
 
     @property
     def policy(self) -> StaticPolicy | None:
@@ -77,7 +83,7 @@ def _state(acc, m: int, n_e: int, k: int, budget: int, f: dict[int, float]) -> P
         trans[m] += 1.0 - sum(excl)  # only the root accepted: it carries m
         value = sum(path_prob(acc, p) for p in paths) + sum(trans[i] * f[i] for i in trans)
         if best is None or value > best.value:
-            best = PPDState(paths, [m] + carried, value)
+            best = PPDState(paths, [m] + carried, value, trans)
     return best
 
 
@@ -92,3 +98,29 @@ def dynamic_sparse_tree(acc: list[list[float]], m: int, budget: int, n_e: int = 
         states = {k: _state(acc, m, n_e, k, budget, f) for k in range(1, m + 1)}
         f = {0: 0.0} | {k: sum(path_prob(acc, p) for p in s.paths) for k, s in states.items()}
     return states
+
+
+def step_rate(acc, states: dict[int, PPDState], n_e: int, latency_ms: Callable[[int], float]) -> tuple[float, float]:
+    """(tau, ms per step) in the long run: the states visited as often as the chain T_k -> T_i of their transition
+    probabilities settles (its stationary distribution), tau = 1 + the accepted candidates expected there, and the
+    step's cost L(rows) of the state it is in."""
+    share = {k: 1.0 / len(states) for k in states}
+    for _ in range(200):
+        share = {i: sum(share[k] * s.trans[i] for k, s in states.items()) for i in states}
+    tau = 1.0 + sum(share[k] * sum(path_prob(acc, p) for p in s.paths) for k, s in states.items())
+    return tau, sum(share[k] * latency_ms(s.rows(n_e)) for k, s in states.items())
+
+
+def hardware_aware_budget(acc: list[list[float]], m: int, n_e: int, max_budget: int,
+                          latency_ms: Callable[[int], float]) -> tuple[int, dict[int, float]]:
+    """The thesis's hardware-aware size n* = argmax tau(n) / L(n) over budgets up to max_budget, n counting every
+    row PPD verifies (candidates and prompt tokens); returns n* and tau/L (tokens per ms) per budget."""
+    smallest = 1 + m * n_e
+    if max_budget < smallest:
+        raise SpecbenchError(f"tree.budget={max_budget} is too small for PPD: the root and its {m * n_e} prompt "
+                             f"tokens already need {smallest} rows")
+    rates = {}
+    for n in range(smallest, max_budget + 1):
+        tau, ms = step_rate(acc[:m], dynamic_sparse_tree(acc, m, n, n_e), n_e, latency_ms)
+        rates[n] = tau / ms
+    return max(rates, key=rates.get), rates

@@ -52,6 +52,11 @@ class HardwareAwarePolicy(GreedyPolicy):
         self._table = table
         log.info("hardware-aware tree: n* = %d (tau/L over n = 2..%d)", best, budget)
 
+    @property
+    def accept_table(self) -> list[list[float]] | None:
+        """The calibration given in the config (None: the drafter's own)."""
+        return self._table
+
     def fit(self, latency_ms: Callable[[int], float]) -> "HardwareAwarePolicy":
         """This policy sized for a latency curve L(n) in ms."""
         return HardwareAwarePolicy(self.max_budget, self._table, latency_ms)
