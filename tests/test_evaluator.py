@@ -11,6 +11,7 @@ from specbench.evaluation.metrics import paired_speedup, per_depth_acceptance, s
 from specbench.evaluation.precision import ExecutionPlan, plan
 from specbench.hardware.machine import machine_info
 from specbench.hardware.machine_profile import MachineProfile, profile_path
+from specbench.hardware.roofline import DrafterCost, named_shape
 from specbench.trees.hardware_aware import best_budget
 from specbench.tasks import eval as eval_task
 
@@ -249,3 +250,32 @@ def test_transformers_generate_runs_beside_our_plain_decoding_and_matches_it(tmp
     assert summary.loc["hf_generate", "tau"] == pytest.approx(1.0) and summary.loc["hf_generate", "tokens_per_s"] > 0
     with pytest.raises(SpecbenchError, match="eval.hf_generate compares greedy decoding; sampling.temperature=0.7"):
         eval_task.run(compose_cfg([*overrides, "sampling=sample", "sampling.temperature=0.7"], tmp_path / "r2"))
+
+
+def test_projected_speedup_includes_the_drafters_own_cost():
+    """A hand-made roofline: a forward of n rows costs n ms, each draft-model forward 10 ms more, each Medusa head
+    5 ms. Every method gains 4 decode tokens in 2 steps of 5 rows (tau 2). The draft model drafted 2 levels deep in
+    one step and 4 in the other (one forward per level): its mean step is 5 + (20 + 40) / 2 = 35 ms, so
+    2 * 1 / 35; Medusa's 4 heads make it 5 + 20 = 25 ms, 2 / 25; PPD's prompt tokens are among its 5 rows: 2 / 5."""
+    def step_s(n, context, drafter=None):
+        extra = 0 if drafter is None else 10 * drafter.draft_forwards + 5 * drafter.medusa_heads
+        return (n + extra) / 1e3
+
+    def row(method, depths, sizes, gained=2):
+        return {"method": method, "question_id": "q", "turn": 0, "prompt_len": 10,
+                "new_tokens": 1 + gained * len(sizes), "steps": len(sizes), "accept_lengths": [gained] * len(sizes),
+                "tree_depths": depths,
+                "tried_deeper": [True] * len(sizes), "tree_sizes": sizes, "wall_time": 1.0, "prefill_time": 0.1,
+                "draft_time": 0.0, "verify_time": 0.5, "framework_times": [0.0] * len(sizes),
+                "output_ids": [1], "kv_peak_bytes": 0, "drafter_params": 0, "drafter_bytes": 0,
+                "lossless_rule": True, "temperature": 0.0, "token_logprobs": []}
+
+    frame = pd.DataFrame([row("autoregressive", [0] * 4, [1] * 4, gained=1), row("draft", [2, 4], [5, 5]),
+                          row("medusa", [3, 3], [5, 5]), row("ppd", [2, 2], [5, 5])])
+    costs = {"draft": DrafterCost(draft=named_shape("smollm2_135m")), "medusa": DrafterCost(medusa_heads=4)}
+    summary = summarize(frame, projected_step=step_s, drafter_costs=costs).set_index("method")
+    assert summary.loc["autoregressive", "projected_speedup"] == pytest.approx(1.0)
+    assert summary.loc["draft", "projected_speedup"] == pytest.approx(2 * 1 / 35)
+    assert summary.loc["medusa", "projected_speedup"] == pytest.approx(2 * 1 / 25)
+    assert summary.loc["ppd", "projected_speedup"] == pytest.approx(2 * 1 / 5)
+    assert summary.loc["draft", "projected_tokens_per_s"] == pytest.approx(2 / 0.035)

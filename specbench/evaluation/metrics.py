@@ -8,18 +8,22 @@ tokens/s on the same prompts; speedup_paired: the mean over prompts of each prom
 bootstrap interval over prompts (scipy). speedup_vs_fastest_ar: the same against the fastest plain decoding measured
 in the run, whatever its dtype (a method that only beats a slow baseline must not look like a win). overhead: mean step latency / mean AR step latency (Medusa). ideal speedup:
 tau * L(1) / L(n) with L from the latency profile (or from measured step times when there is none), n the rows
-verified per forward; efficiency = decode_speedup / ideal, both without prefill.
+verified per forward; efficiency = decode_speedup / ideal, both without prefill. projected_speedup: tau * T(1) /
+T(n) from the roofline of the chosen hw, T(n) the target's forward over n rows plus the drafter's own work (Medusa's
+heads, a draft model's forwards).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
 from scipy import stats
 
 from specbench.errors import SpecbenchError
+from specbench.hardware.roofline import DrafterCost
 
 BASELINE = "autoregressive"
 
@@ -83,9 +87,11 @@ def decoded(records: pd.DataFrame) -> pd.DataFrame:
 
 
 def summarize(records: pd.DataFrame, latency_profile: pd.DataFrame | None = None,
-              projected_step: "callable | None" = None, memory: dict[str, int] | None = None) -> pd.DataFrame:
-    """One row per method. projected_step(n_tokens, context) -> seconds from the hardware roofline model; memory:
-    each method's measured peak allocation in bytes (evaluation.memory)."""
+              projected_step: "callable | None" = None, memory: dict[str, int] | None = None,
+              drafter_costs: dict[str, DrafterCost] | None = None) -> pd.DataFrame:
+    """One row per method. projected_step(n_tokens, context, drafter=DrafterCost) -> seconds from the hardware
+    roofline model; memory: each method's measured peak allocation in bytes (evaluation.memory); drafter_costs: the
+    work each method's drafter adds to a step (none: the target's forward alone)."""
     kept = decoded(records)
     skipped_by_method = records.drop(kept.index).groupby("method").size().to_dict()
     records = kept
@@ -112,8 +118,8 @@ def summarize(records: pd.DataFrame, latency_profile: pd.DataFrame | None = None
         speedup = tps / base_tps if base_tps else math.nan
         decode_speedup = _decode_tokens_per_s(grp) / _decode_tokens_per_s(base) if len(base) else math.nan
         context = float(np.mean(grp["prompt_len"] + grp["new_tokens"] / 2))
-        projected = (tau * projected_step(1, context) / projected_step(mean_tree, context)
-                     if projected_step and steps else math.nan)
+        step_s = _projected_step_s(projected_step, grp, mean_tree, context, (drafter_costs or {}).get(method))
+        projected = tau * projected_step(1, context) / step_s if projected_step and steps else math.nan
         rows.append({
             "method": method,
             "num_prompts": len(grp),
@@ -131,8 +137,7 @@ def summarize(records: pd.DataFrame, latency_profile: pd.DataFrame | None = None
             "ideal_speedup": ideal,
             "efficiency": decode_speedup / ideal if ideal else math.nan,
             "projected_speedup": projected,
-            "projected_tokens_per_s": tau / projected_step(mean_tree, context) if projected_step and steps
-            else math.nan,
+            "projected_tokens_per_s": tau / step_s,
             "framework_ms_per_step": 1e3 * float(np.median(np.concatenate([np.asarray(f) for f in grp["framework_times"]])))
             if steps else math.nan,
             "lossless_match": _lossless_match(grp, _reference(records, grp, base)),
@@ -168,6 +173,21 @@ def _distribution_check(grp: pd.DataFrame, base: pd.DataFrame) -> dict:
         return {"mean_nll": math.nan, "nll_z": math.nan}
     se = math.sqrt(ours.var(ddof=1) / len(ours) + ref.var(ddof=1) / len(ref))
     return {"mean_nll": float(ours.mean()), "nll_z": float((ours.mean() - ref.mean()) / se) if se > 0 else 0.0}
+
+
+def _projected_step_s(projected_step, grp: pd.DataFrame, mean_tree: float, context: float,
+                      cost: DrafterCost | None) -> float:
+    """Roofline seconds per step: the target's forward over the mean rows verified (PPD's prompt tokens are rows
+    already) plus the drafter's own work. A draft model runs once per level of the tree it drafts, so its forwards
+    per step are the step's tree depth, averaged over the steps."""
+    if projected_step is None or not grp["steps"].sum():
+        return math.nan
+    if cost is None or cost.draft is None:
+        return projected_step(mean_tree, context, drafter=cost)
+    depths, counts = np.unique(np.concatenate([np.asarray(d, dtype=int) for d in grp["tree_depths"]]),
+                               return_counts=True)
+    return float(sum(c * projected_step(mean_tree, context, drafter=replace(cost, draft_forwards=int(d)))
+                     for d, c in zip(depths, counts)) / counts.sum())
 
 
 def _tokens_per_s(grp: pd.DataFrame) -> float:

@@ -23,9 +23,10 @@ from specbench.evaluation.methods import build_drafter, check_tree, resolve_entr
 from specbench.evaluation.metrics import BASELINE, decoded, summarize
 from specbench.evaluation.provenance import check_and_save_settings, provenance, settings_hash, shared_settings
 from specbench.hardware.profiler import latency_profile
-from specbench.hardware.roofline import ModelShape, roofline_step_time
+from specbench.hardware.roofline import DrafterCost, ModelShape, roofline_step_time
 from specbench.acceptance.exact import ExactAcceptance
 from specbench.drafters.autoregressive import AutoregressiveDrafter
+from specbench.drafters.medusa import MedusaDrafter
 from specbench.evaluation.precision import AUTO, check_dtype, plan
 from specbench.models.backends import check_backend, with_backend
 from specbench.hardware.llmcad import project_llmcad
@@ -100,7 +101,7 @@ def run(cfg, overrides: list[str] | None = None) -> pd.DataFrame:
 
     profile = _latency_profile(cfg, target, hw, out, machine, execution, context)
     summary = summarize(records, profile, partial(roofline_step_time, ModelShape.of(target.model), hw),
-                        evaluator.memory())
+                        evaluator.memory(), _drafter_costs({r.label: r.drafter for r in evaluator.runs}, hw))
     summary = _with_streaming(summary, {r.label: r.drafter for r in evaluator.runs}, target, hw)
     _write_summary(summary, out)
     plots = save_plots(decoded(records), summary, out / "plots", profile)
@@ -123,6 +124,22 @@ def _with_streaming(summary: pd.DataFrame, drafters: dict, target, hw) -> pd.Dat
             else {}
         rows.append(extra)
     return pd.concat([summary, pd.DataFrame(rows, index=summary.index)], axis=1)
+
+
+def _drafter_costs(drafters: dict, hw) -> dict[str, DrafterCost]:
+    """What each drafter adds to a step in the roofline's projection: a draft model's forwards (how many per step,
+    the records say), Medusa's heads; PPD's prompt tokens are rows of the target's forward already. Ghidorah's
+    partitioned boards model target forwards only, so there the projection stays the target's."""
+    if hw.partition != "gpu_only":
+        return {}
+    costs = {}
+    for label, drafter in drafters.items():
+        draft = getattr(drafter, "draft", None)
+        if draft is not None:
+            costs[label] = DrafterCost(draft=ModelShape.of(draft.model))
+        elif isinstance(drafter, MedusaDrafter):
+            costs[label] = DrafterCost(medusa_heads=drafter.num_heads)
+    return costs
 
 
 def _latency_curve(hw, machine, target, execution, context: float):
