@@ -1,4 +1,5 @@
-"""The analysis notebook executes under nbclient (a real kernel) on run folders of two setups, and keeps them apart."""
+"""The analysis notebook executes under nbclient (a real kernel) on run folders of two setups, keeps them apart, and
+redraws each run's standard plots."""
 
 from pathlib import Path
 
@@ -26,3 +27,8 @@ def test_notebook_executes_and_groups_runs_by_provenance(tmp_path, monkeypatch):
     assert "2 run folders" in printed and "2 setups" in printed
     assert "float32" in printed and "bfloat16" in printed
     assert not any(out.get("output_type") == "error" for cell in notebook.cells for out in cell.get("outputs", []))
+    for setup in ("setup0", "setup1"):  # each setup's run redrawn by the plots every run makes
+        drawn = {p.name for p in (tmp_path / "analysis_plots" / setup).rglob("*") if p.is_file()}
+        assert {"speed.png", "speed.pdf", "per_category.png", "memory.png"} <= drawn, (setup, drawn)
+    images = [out for cell in notebook.cells for out in cell.get("outputs", []) if "image/png" in out.get("data", {})]
+    assert len(images) >= 2 * 4

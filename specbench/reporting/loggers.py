@@ -5,6 +5,8 @@ Evaluation uses the same logger classes as training so `logger=` means one thing
 
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
 from pathlib import Path
 
 import pandas as pd
@@ -23,7 +25,8 @@ def log_run(logger, cfg: DictConfig, summary: pd.DataFrame, plots: list[Path], r
     logger.log_metrics(metrics, step=0)
     if hasattr(logger, "log_table"):  # WandbLogger: the summary table and the plots as images
         table = summary.drop(columns=["per_depth_acceptance"]).astype(object)
-        logger.log_table(key="summary", columns=list(table.columns), data=table.values.tolist())
+        with staged_in_run(logger):
+            logger.log_table(key="summary", columns=list(table.columns), data=table.values.tolist())
         logger.log_image(key="plots", images=[str(p) for p in plots])
         if records is not None:
             log_artifact(logger, records, "records", "records")
@@ -37,7 +40,24 @@ def log_artifact(logger, path: Path, name: str, kind: str) -> None:
     import wandb
 
     artifact = wandb.Artifact(f"{name}-{logger.experiment.id}", type=kind)
-    for file in [path, path.with_suffix(".json")] if path.suffix == ".safetensors" else [path]:
-        if file.exists():
-            artifact.add_file(str(file))
-    logger.experiment.log_artifact(artifact)
+    with staged_in_run(logger):
+        for file in [path, path.with_suffix(".json")] if path.suffix == ".safetensors" else [path]:
+            if file.exists():
+                artifact.add_file(str(file))
+        logger.experiment.log_artifact(artifact)
+
+
+@contextmanager
+def staged_in_run(logger):
+    """W&B copies the files of an artifact (and of a logged table) to a staging folder that `wandb sync` uploads
+    later, by default under ~/.local/share/wandb, outside the run. Staged in the run's own wandb/ folder instead, an
+    offline run folder holds all that its sync will upload."""
+    old = os.environ.get("WANDB_DATA_DIR")
+    os.environ["WANDB_DATA_DIR"] = str(Path(logger.save_dir) / "wandb")
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("WANDB_DATA_DIR")
+        else:
+            os.environ["WANDB_DATA_DIR"] = old

@@ -1,19 +1,52 @@
-"""The standard plots of a run, drawn with matplotlib from the records and summary tables.
+"""The standard plots of a run or a sweep, drawn with matplotlib from the records and summary tables.
 
-Every plot carries a title and a caption line with the model, hw, dtype, dataset and prompt count (read from the
-summary's provenance columns), so a PNG found on its own still says what it shows.
+Every plot carries a title, axes with units and a caption line with the model, hw, dtype, dataset and prompt count
+(read from the summary's provenance columns), so a figure found on its own still says what it shows. Each is saved
+as PNG (for loggers and READMEs) and PDF (for papers). Methods keep one colour and marker across a run's plots, and
+labels sit on horizontal bars or in a legend outside the axes, so 12 methods stay legible.
+
+Builders return a Figure (`*_figure`) so tests and the notebook can inspect or show it; `save_plots` (a run) and
+`save_sweep_plots` (a multirun) write them.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")  # files only: runs are headless
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib import ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from specbench.drafters.autoregressive import AutoregressiveDrafter  # noqa: E402
+
+BASELINE = AutoregressiveDrafter.name
+# 12 colours told apart in print (tab10 but its grey, which marks plain decoding, and three more), each paired
+# with its own marker
+COLORS = [c for i, c in enumerate(plt.get_cmap("tab10").colors) if i != 7] + ["#000000", "#8c6d31", "#393b79"]
+MARKERS = ["o", "s", "^", "D", "v", "P", "X", "<", ">", "*", "h", "p"]
+FORMATS = ("png", "pdf")
+
+
+def style(i: int) -> dict:
+    """The i-th method's colour and marker; past 12 the colours repeat with other markers."""
+    return {"color": COLORS[i % len(COLORS)], "marker": MARKERS[(i + i // len(COLORS)) % len(MARKERS)]}
+
+
+def method_styles(labels) -> dict[str, dict]:
+    """Each label's style, the same in every plot of a run: plain decoding grey, the others in order."""
+    labels = list(dict.fromkeys(labels))
+    drafting = [m for m in labels if not _is_baseline(m)]
+    return {m: {"color": "grey", "marker": "x"} if _is_baseline(m) else style(drafting.index(m)) for m in labels}
+
+
+def _is_baseline(label: str) -> bool:
+    return label == BASELINE or label.startswith(f"{BASELINE}@")
 
 
 def caption(summary: pd.DataFrame) -> str:
@@ -23,88 +56,289 @@ def caption(summary: pd.DataFrame) -> str:
             f"{int(summary['num_prompts'].max())} prompts | {one('cpu_capability')}")
 
 
+def with_budgets(summary: pd.DataFrame, settings: dict) -> pd.DataFrame:
+    """The summary with each label's method_name and tree_budget (nodes per verification forward), read from the
+    run's settings.json; the baseline has no tree (NaN)."""
+    methods = settings["methods"]
+    return summary.assign(
+        method_name=[methods.get(m, {}).get("method", {}).get("name", m) for m in summary["method"]],
+        tree_budget=[methods.get(m, {}).get("tree", {}).get("budget", np.nan) for m in summary["method"]])
+
+
 def save_plots(records: pd.DataFrame, summary: pd.DataFrame, out_dir: str | Path,
-               latency_profile: pd.DataFrame | None = None) -> list[Path]:
+               latency_profile: pd.DataFrame | None = None, settings: dict | None = None) -> list[Path]:
+    """A run's plots in out_dir as PNG and PDF; returns the PNGs. settings: the run's settings.json (read from the
+    folder above out_dir, the run folder, when not given), which gives each method its tree budget."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    note = caption(summary)
-    paths = [_speed(summary, out / "speed.png", note), _accept_hist(records, out / "accept_lengths.png", note),
-             _per_depth(summary, out / "per_depth_acceptance.png", note)]
+    if settings is None and (out.parent / "settings.json").exists():
+        settings = json.loads((out.parent / "settings.json").read_text())
+    table = with_budgets(summary, settings) if settings else summary
+    figures = {"speed": speed_figure(summary), "per_depth_acceptance": per_depth_figure(summary),
+               "memory": memory_figure(table)}
+    if len(records):
+        figures["accept_lengths"] = accept_lengths_figure(records, summary)
+    if several_budgets(table):
+        figures["speed_vs_budget"] = budget_figure(table)
+    if "category" in records and BASELINE in set(records["method"]):
+        figures["per_category"] = category_figure(records, summary)
     if latency_profile is not None and not latency_profile.empty:
-        paths.append(_latency(latency_profile, out / "latency_profile.png", note))
+        figures["latency_profile"] = latency_figure(latency_profile, summary)
     if "alpha_history" in records and records["alpha_history"].notna().any():
-        paths.append(_alpha(records, out / "alpha.png", note))
+        figures["alpha"] = alpha_figure(records, summary)
+    return [save(fig, out / name)[0] for name, fig in figures.items()]
+
+
+def several_budgets(table: pd.DataFrame, budget: str = "tree_budget", family: str = "method_name") -> bool:
+    """Whether a method ran at several tree budgets (medusa-8, medusa-16): only then is a plot against the budget
+    more than the per-method bars."""
+    return budget in table and _drafting(table, budget).groupby(family)[budget].nunique().gt(1).any()
+
+
+def save_sweep_plots(table: pd.DataFrame, out_dir: str | Path, key: str, by: list[str] = ()) -> list[Path]:
+    """A sweep's speedup (95% CI), throughput speedup and tau, and memory, against the swept setting `key` (a
+    numeric column of the sweep table: tree.budget, eval.batch_size): one line per method and per value of the
+    other swept settings `by`. PNG and PDF in out_dir; returns the PNGs."""
+    table = table.assign(**{key: pd.to_numeric(table[key])})
+    family = table[["method", *by]].astype(str).agg(" ".join, axis=1) if by else table["method"]
+    table = table.assign(family=family, method_name=table["method"])
+    out = Path(out_dir)
+    figures = {"sweep": budget_figure(table, key, "family", throughput="throughput_speedup" in table)}
+    if "kv_peak_mb" in table:
+        figures["sweep_memory"] = memory_figure(table, key, "family", bars=False)
+    return [save(fig, out / name)[0] for name, fig in figures.items()]
+
+
+def save(fig: Figure, stem: Path) -> list[Path]:
+    """fig as stem.png and stem.pdf."""
+    stem.parent.mkdir(parents=True, exist_ok=True)
+    paths = [stem.with_suffix(f".{fmt}") for fmt in FORMATS]
+    for path in paths:
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
     return paths
 
 
-def _speed(summary: pd.DataFrame, path: Path, note: str) -> Path:
-    """Paired speedup with its 95% interval (the baseline's bar is 1 by definition), and tau."""
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(max(9, 0.7 * len(summary) + 4), 4))
-    x = np.arange(len(summary))
+def speed_figure(summary: pd.DataFrame) -> Figure:
+    """Paired speedup with its 95% interval (the baseline's is 1 by definition), and tau, one bar per method."""
+    n = len(summary)
+    fig, (ax1, ax2) = plt.subplots(1, 2, sharey=True, figsize=(10, 1.6 + 0.32 * n))
+    y = np.arange(n)
+    colors = [method_styles(summary["method"])[m]["color"] for m in summary["method"]]
     mean = summary["speedup_paired"].to_numpy(dtype=float)
     err = np.vstack([mean - summary["speedup_ci_low"], summary["speedup_ci_high"] - mean]).clip(min=0)
-    ax1.bar(x, mean, yerr=np.nan_to_num(err), capsize=3, color="tab:blue")
-    ax1.axhline(1.0, color="grey", lw=0.8)
-    ax1.set_ylabel("speedup over plain decoding (x)\nmean of per-prompt ratios, 95% CI")
-    ax2.bar(x, summary["tau"], color="tab:green")
-    ax2.set_ylabel("tau (tokens per target forward)")
-    for ax in (ax1, ax2):
-        ax.set_xticks(x, summary["method"], rotation=35, ha="right", fontsize=8)
-    return _save(fig, path, "Speed and acceptance per method", note)
+    ax1.barh(y, mean, xerr=np.nan_to_num(err), capsize=3, color=colors)
+    ax1.axvline(1.0, color="grey", lw=0.8, ls="--")
+    ax1.set_xlabel("speedup over plain decoding (x), mean of per-prompt ratios, 95% CI")
+    ax2.barh(y, summary["tau"], color=colors)
+    ax2.axvline(1.0, color="grey", lw=0.8, ls="--")
+    ax2.set_xlabel("tau (tokens per target forward)")
+    ax1.set_yticks(y, summary["method"])
+    ax1.invert_yaxis()
+    return _finish(fig, "Speedup and acceptance per method", summary)
 
 
-def _accept_hist(records: pd.DataFrame, path: Path, note: str) -> Path:
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for method, grp in records.groupby("method", sort=False):
-        lengths = np.concatenate([np.asarray(a) for a in grp["accept_lengths"]])
-        if lengths.size:
-            ax.hist(lengths, bins=np.arange(1, lengths.max() + 2) - 0.5, alpha=0.5, label=method, density=True)
-    ax.set_xlabel("tokens gained per step (bonus included)")
-    ax.set_ylabel("share of steps")
-    return _save(fig, path, "Tokens per verification step", note, ax)
+def budget_figure(table: pd.DataFrame, budget: str = "tree_budget", family: str = "method_name",
+                  throughput: bool = False) -> Figure:
+    """Paired speedup (95% CI) and tau against the tree budget (or another swept setting), one line per method
+    family (medusa-8, medusa-16 and medusa-32 are one line); plain decoding is the dashed line at 1. throughput: a
+    panel of the batch's tokens/s over plain decoding's too (batch sweeps)."""
+    rows = _drafting(table, budget)
+    panels = [(m, label) for m, label, shown in (
+        ("speedup_paired", "speedup over plain decoding (x), 95% CI", True),
+        ("throughput_speedup", "throughput over plain decoding's (x)", throughput),
+        ("tau", "tau (tokens per target forward)", True)) if shown and m in table]  # old summaries lack some
+    fig, axes = plt.subplots(1, len(panels), squeeze=False, figsize=(5.5 * len(panels), 4.2))
+    axes = axes[0]
+    groups = list(rows.groupby(family, sort=False))
+    for i, (name, grp) in enumerate(groups):
+        grp = grp.sort_values(budget)
+        x = grp[budget] * _dodge(i, len(groups))
+        for ax, (metric, _) in zip(axes, panels):
+            if metric == "speedup_paired":
+                mean = grp[metric].to_numpy(dtype=float)
+                err = np.vstack([mean - grp["speedup_ci_low"], grp["speedup_ci_high"] - mean]).clip(min=0)
+                ax.errorbar(x, mean, yerr=np.nan_to_num(err), capsize=3, label=name, **style(i))
+            else:
+                ax.plot(x, grp[metric], label=name, **style(i))
+    for ax, (_, label) in zip(axes, panels):
+        ax.axhline(1.0, color="grey", lw=0.8, ls="--")
+        _budget_axis(ax, rows[budget], budget)
+        ax.set_ylabel(label)
+    _legend_outside(axes[-1])
+    return _finish(fig, f"Speedup and tau against the {_axis_label(budget).split(' (')[0]}", table)
 
 
-def _per_depth(summary: pd.DataFrame, path: Path, note: str) -> Path:
-    fig, ax = plt.subplots(figsize=(6, 4))
+def category_figure(records: pd.DataFrame, summary: pd.DataFrame) -> Figure:
+    """Speedup per category: a method's tokens/s over plain decoding's on that category's prompts (Spec-Bench's
+    ratio of means), tau written at each bar. One panel per category, methods in the summary's order."""
+    methods = [m for m in summary["method"] if not _is_baseline(m)]
+    categories = list(dict.fromkeys(records["category"]))
+    rate = records.groupby(["category", "method"])[["new_tokens", "wall_time"]].sum()
+    speed = rate["new_tokens"] / rate["wall_time"]
+    steps = records.groupby(["category", "method"])[["new_tokens", "steps"]].sum()
+    tau = (steps["new_tokens"] - records.groupby(["category", "method"]).size()) / steps["steps"]
+    cols = min(4, len(categories))
+    grid = (len(categories) + cols - 1) // cols
+    fig, axes = plt.subplots(grid, cols, sharey=True, squeeze=False, sharex=True,
+                             figsize=(3.2 * cols + 1.5, 1.0 + grid * (1.3 + 0.25 * len(methods))))
+    y = np.arange(len(methods))
+    colors = [method_styles(summary["method"])[m]["color"] for m in methods]
+    for ax, cat in zip(axes.flat, categories):
+        ratio = [speed.get((cat, m), np.nan) / speed.get((cat, BASELINE), np.nan) for m in methods]
+        ax.barh(y, ratio, color=colors)
+        ax.axvline(1.0, color="grey", lw=0.8, ls="--")
+        for yi, (r, m) in enumerate(zip(ratio, methods)):
+            if np.isfinite(r):
+                ax.text(r, yi, f" τ{tau.get((cat, m), np.nan):.2f}", va="center", fontsize=6)
+        ax.set_title(f"{cat} ({int((records['category'] == cat).sum() / records['method'].nunique())} prompts)",
+                     fontsize=8)
+        ax.set_yticks(y, methods, fontsize=7)
+    for ax in axes.flat[len(categories):]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel("speedup (x)")
+    axes[0, 0].invert_yaxis()
+    return _finish(fig, "Speedup per category (tokens/s over plain decoding's, τ at each bar)", summary)
+
+
+def per_depth_figure(summary: pd.DataFrame) -> Figure:
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    styles = method_styles(summary["method"])
     for _, row in summary.iterrows():
         rates = row["per_depth_acceptance"]
+        rates = json.loads(rates) if isinstance(rates, str) else rates
         if len(rates):
-            ax.plot(range(1, len(rates) + 1), rates, marker="o", label=row["method"])
-    ax.set_xlabel("draft depth d")
+            ax.plot(range(1, len(rates) + 1), rates, label=row["method"], **styles[row["method"]])
+    ax.set_xlabel("draft depth d (tokens past the root)")
     ax.set_ylabel("P(depth d accepted | d-1 accepted, it had children)")
     ax.set_ylim(0, 1)
-    return _save(fig, path, "Acceptance by depth", note, ax)
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    _legend_outside(ax)
+    return _finish(fig, "Acceptance by draft depth", summary)
 
 
-def _latency(profile: pd.DataFrame, path: Path, note: str) -> Path:
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(profile["tokens"], profile["ms"], marker="o", label="measured L(n)")
+def accept_lengths_figure(records: pd.DataFrame, summary: pd.DataFrame) -> Figure:
+    """Share of steps that gained k tokens, one line per method (overlaid histograms hide each other)."""
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    styles = method_styles([*summary["method"], *records["method"]])
+    for method, grp in records.groupby("method", sort=False):
+        lengths = np.concatenate([np.asarray(a, dtype=int) for a in grp["accept_lengths"]])
+        if lengths.size:
+            k = np.arange(1, lengths.max() + 1)
+            share = np.bincount(lengths, minlength=k[-1] + 1)[1:] / lengths.size
+            ax.plot(k, share, label=method, **styles[method])
+    ax.set_xlabel("tokens gained per verification step (bonus included)")
+    ax.set_ylabel("share of steps")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    _legend_outside(ax)
+    return _finish(fig, "Tokens per verification step", summary)
+
+
+def latency_figure(profile: pd.DataFrame, summary: pd.DataFrame) -> Figure:
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    ax.plot(profile["tokens"], profile["ms"], marker="o", label="measured L(n) here")
     if "roofline_ms" in profile:
-        ax.plot(profile["tokens"], profile["roofline_ms"], linestyle="--", label="roofline of hw")
+        ax.plot(profile["tokens"], profile["roofline_ms"], marker="s", linestyle="--",
+                label=f"roofline of hw {', '.join(map(str, dict.fromkeys(summary.get('hw', ['?']))))}")
     ax.set_xscale("log", base=2)
+    ax.set_xticks(profile["tokens"], [f"{t:g}" for t in profile["tokens"]])
+    ax.minorticks_off()
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1, 2, 5)))
+    ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(ticker.NullFormatter())
     ax.set_xlabel("tokens in one forward (n)")
-    ax.set_ylabel("latency of one forward (ms)")
-    return _save(fig, path, "Forward latency against its roofline", note, ax)
+    ax.set_ylabel("latency of one forward (ms, log scale)")
+    ax.legend(fontsize=8)
+    return _finish(fig, "Forward latency against its roofline", summary)
 
 
-def _alpha(records: pd.DataFrame, path: Path, note: str) -> Path:
+def memory_figure(table: pd.DataFrame, budget: str = "tree_budget", family: str = "method_name",
+                  bars: bool = True) -> Figure:
+    """bars: each method's memory, its drafter's weights stacked with the peak allocation while decoding (the KV
+    caches at their largest marked). Beside them, when a method ran at several budgets: that total against the
+    budget."""
+    budgets = several_budgets(table, budget, family)
+    panels = [p for p, shown in (("bars", bars), ("budget", budgets)) if shown]
+    fig, axes = plt.subplots(1, len(panels), squeeze=False,
+                             figsize=(6.5 * len(panels), 2.4 + 0.3 * (len(table) if bars else 12)))
+    axes = dict(zip(panels, axes[0]))
+    if bars:
+        ax = axes["bars"]
+        y = np.arange(len(table))
+        drafter, alloc = table["drafter_mb"].to_numpy(dtype=float), table["peak_alloc_mb"].to_numpy(dtype=float)
+        ax.barh(y, drafter, color="tab:orange", label="drafter weights")
+        ax.barh(y, np.nan_to_num(alloc), left=drafter, color="tab:blue", label="peak allocation while decoding")
+        ax.scatter(table["kv_peak_mb"], y, marker="|", s=120, color="black", zorder=3, label="KV caches at their peak")
+        ax.set_yticks(y, table["method"])
+        ax.invert_yaxis()
+        ax.set_xlabel("memory beyond the target's weights (MiB)")
+        ax.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0, 1.0), ncol=2, borderaxespad=0.3,
+                  title="peak allocation not measured (eval.memory_probe=false)" if np.isnan(alloc).all() else None,
+                  title_fontsize=7)
+    if budgets:
+        ax = axes["budget"]
+        measured = table["method_mem_mb"].notna().any()
+        metric = "method_mem_mb" if measured else "kv_peak_mb"
+        rows = _drafting(table, budget)
+        for i, (name, grp) in enumerate(rows.groupby(family, sort=False)):
+            grp = grp.sort_values(budget)
+            ax.plot(grp[budget], grp[metric], label=name, **style(i))
+        _budget_axis(ax, rows[budget], budget)
+        ax.set_ylabel("drafter + peak allocation (MiB)" if measured else "KV caches at their peak (MiB)")
+        _legend_outside(ax)
+    against = f"against the {_axis_label(budget).split(' (')[0]}"
+    return _finish(fig, "Memory " + " and ".join({"bars": "per method", "budget": against}[p] for p in panels), table)
+
+
+def alpha_figure(records: pd.DataFrame, summary: pd.DataFrame) -> Figure:
     """LLMCad's verification threshold over one generation per method: the first prompt's."""
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    styles = method_styles([*summary["method"], *records["method"]])
     for method, grp in records[records["alpha_history"].notna()].groupby("method", sort=False):
         alpha = grp["alpha_history"].iloc[0]
-        ax.step(range(1, len(alpha) + 1), alpha, where="post", label=f"{method} ({grp['question_id'].iloc[0]})")
+        ax.step(range(1, len(alpha) + 1), alpha, where="post", label=f"{method} ({grp['question_id'].iloc[0]})",
+                color=styles[method]["color"])
     ax.set_yscale("log")
     ax.set_xlabel("verification step")
     ax.set_ylabel("alpha (log scale)")
     ax.set_title("drafting stops once the best branch's confidence falls below alpha", fontsize=8)
-    return _save(fig, path, "LLMCad's adaptive verification threshold over one generation", note, ax)
+    _legend_outside(ax)
+    return _finish(fig, "LLMCad's adaptive verification threshold over one generation", summary)
 
 
-def _save(fig, path: Path, title: str, note: str, legend_ax=None) -> Path:
-    if legend_ax is not None and legend_ax.get_legend_handles_labels()[0]:
-        legend_ax.legend(fontsize=7)
-    fig.suptitle(f"{title}\n{note}", fontsize=9)
+def _drafting(table: pd.DataFrame, budget: str) -> pd.DataFrame:
+    """The rows of methods that verify a tree: plain decoding (at any dtype) has none, whatever a sweep set."""
+    return table[table[budget].notna() & ~table["method_name"].astype(str).map(_is_baseline)]
+
+
+def _dodge(i: int, n: int) -> float:
+    """A factor that shifts line i of n a little along a log axis, so error bars at one budget do not hide each
+    other."""
+    return 2 ** (0.04 * (i - (n - 1) / 2))
+
+
+def _axis_label(key: str) -> str:
+    return {"tree_budget": "tree budget (nodes per verification forward)",
+            "tree.budget": "tree budget (nodes per verification forward)",
+            "eval.batch_size": "batch size (sequences per verification forward)"}.get(key, key)
+
+
+def _budget_axis(ax, budgets: pd.Series, key: str) -> None:
+    ax.set_xscale("log", base=2)
+    ticks = sorted(set(budgets.dropna()))
+    ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+    ax.minorticks_off()
+    ax.set_xlabel(_axis_label(key))
+
+
+def _legend_outside(ax) -> None:
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+
+
+def _finish(fig: Figure, title: str, table: pd.DataFrame) -> Figure:
+    fig.suptitle(title, fontsize=10)
+    fig.text(0.5, 0.0, caption(table), ha="center", va="top", fontsize=7, color="dimgray")
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return fig

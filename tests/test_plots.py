@@ -1,0 +1,143 @@
+"""The standard plots: PNG and PDF, a title and a caption that say what they show, every method's label legible with 12
+methods, per-category and budget values that follow from the records and settings."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from specbench.reporting import plots
+
+PROV = {"model": "smollm2_135m", "hw": "jetson", "dtype": "bfloat16", "dataset": "mt_bench", "cpu_capability": "AVX2"}
+FAMILIES = {"medusa": (8, 16, 32), "ppd": (8, 16, 32), "draft_model": (8, 16), "sssd": (8, 16), "pld": (11,),
+            "lookahead": (24,)}  # 12 methods beside plain decoding
+CATEGORIES = ["writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"]
+
+
+def twelve_methods(seed=0):
+    """Records, summary, settings and latency profile of a run with plain decoding and 12 methods."""
+    rng = np.random.default_rng(seed)
+    entries = [("autoregressive", "autoregressive", None)] + [
+        (f"{m}-{b}" if len(bs) > 1 else m, m, b) for m, bs in FAMILIES.items() for b in bs]
+    records, rows = [], []
+    for label, name, budget in entries:
+        for c, cat in enumerate(CATEGORIES):
+            for q in range(2):
+                acc = rng.integers(1, 2 if budget is None else 5, size=10).tolist()
+                records.append({"method": label, "question_id": f"{c}{q}", "turn": 0, "category": cat,
+                                "new_tokens": 1 + sum(acc), "steps": len(acc), "wall_time": float(rng.uniform(0.5, 1.5)),
+                                "accept_lengths": acc, **PROV})
+        s = float(rng.uniform(0.7, 1.7)) if budget else 1.0
+        rows.append({"method": label, "num_prompts": 2 * len(CATEGORIES), "tau": float(rng.uniform(1, 2)),
+                     "speedup_paired": s, "speedup_ci_low": s - 0.1, "speedup_ci_high": s + 0.1,
+                     "per_depth_acceptance": json.dumps(sorted(rng.uniform(0.1, 0.8, 3).tolist(), reverse=True)),
+                     "drafter_mb": float(rng.uniform(0, 50)), "kv_peak_mb": float(rng.uniform(3, 6)),
+                     "peak_alloc_mb": float(rng.uniform(8, 20)), **PROV})
+    summary = pd.DataFrame(rows)
+    summary["method_mem_mb"] = summary["drafter_mb"] + summary["peak_alloc_mb"]
+    settings = {"methods": {label: {"method": {"name": name}, **({"tree": {"budget": b}} if b else {})}
+                            for label, name, b in entries}}
+    profile = pd.DataFrame({"tokens": [1, 2, 4, 8], "ms": [8.0, 8.2, 8.5, 9.0], "roofline_ms": [1.1, 1.1, 1.2, 1.3]})
+    return pd.DataFrame(records), summary, settings, profile
+
+
+@pytest.fixture(scope="module")
+def run():
+    return twelve_methods()
+
+
+def labels_of(fig):
+    """Every label a reader sees: tick labels, legend entries and titles."""
+    out = set()
+    for ax in fig.axes:
+        out |= {t.get_text() for t in ax.get_yticklabels() + ax.get_xticklabels()}
+        if ax.get_legend():
+            out |= {t.get_text() for t in ax.get_legend().get_texts()}
+    return out
+
+
+def test_a_run_writes_every_plot_as_png_and_pdf(run, tmp_path):
+    records, summary, settings, profile = run
+    pngs = plots.save_plots(records, summary, tmp_path, profile, settings)
+    assert {p.stem for p in pngs} == {"speed", "speed_vs_budget", "per_category", "per_depth_acceptance",
+                                      "latency_profile", "memory", "accept_lengths"}
+    for png in pngs:
+        assert png.read_bytes()[:4] == b"\x89PNG" and png.with_suffix(".pdf").read_bytes()[:4] == b"%PDF"
+
+
+def test_the_budget_comes_from_the_run_folders_settings(run, tmp_path):
+    records, summary, settings, profile = run
+    (tmp_path / "settings.json").write_text(json.dumps(settings))
+    assert "speed_vs_budget" in {p.stem for p in plots.save_plots(records, summary, tmp_path / "plots")}
+    # a run whose methods each ran at one budget gets no plot against the budget
+    one = summary[summary["method"].isin(["autoregressive", "pld", "medusa-8", "ppd-16"])]
+    assert "speed_vs_budget" not in {p.stem for p in plots.save_plots(records, one, tmp_path / "one", None, settings)}
+    table = plots.with_budgets(summary, settings).set_index("method")
+    assert table.loc["medusa-16", "tree_budget"] == 16 and table.loc["medusa-16", "method_name"] == "medusa"
+    assert np.isnan(table.loc["autoregressive", "tree_budget"])
+
+
+def test_every_figure_has_a_title_axis_units_and_the_caption(run):
+    records, summary, settings, profile = run
+    table = plots.with_budgets(summary, settings)
+    figures = [plots.speed_figure(summary), plots.budget_figure(table), plots.category_figure(records, summary),
+               plots.per_depth_figure(summary), plots.latency_figure(profile, summary), plots.memory_figure(table),
+               plots.accept_lengths_figure(records, summary)]
+    for fig in figures:
+        assert fig._suptitle.get_text()
+        caption = " ".join(t.get_text() for t in fig.texts)
+        for word in ("smollm2_135m", "hw jetson", "bfloat16", "mt_bench", "16 prompts"):
+            assert word in caption, (fig._suptitle.get_text(), word)
+        for ax in fig.axes:
+            if ax.get_visible() and ax.get_xlabel():  # shared axes label their outer panels only
+                assert "(" in ax.get_xlabel() or "per" in ax.get_xlabel() or "depth" in ax.get_xlabel()
+        assert any(ax.get_xlabel() for ax in fig.axes) and any(ax.get_ylabel() or ax.get_yticklabels()
+                                                                for ax in fig.axes)
+        plots.plt.close(fig)
+
+
+def test_all_twelve_methods_are_labelled_and_told_apart(run):
+    records, summary, settings, _ = run
+    methods = [m for m in summary["method"] if m != "autoregressive"]
+    assert len(methods) == 12
+    for fig in (plots.speed_figure(summary), plots.category_figure(records, summary),
+                plots.per_depth_figure(summary), plots.memory_figure(plots.with_budgets(summary, settings)),
+                plots.accept_lengths_figure(records, summary)):
+        assert set(methods) <= labels_of(fig), fig._suptitle.get_text()
+        plots.plt.close(fig)
+    fig = plots.per_depth_figure(summary)
+    lines = fig.axes[0].get_lines()
+    assert len({(line.get_color() if isinstance(line.get_color(), str) else tuple(line.get_color()),
+                 line.get_marker()) for line in lines}) == len(lines) == 13  # no two methods look alike
+    plots.plt.close(fig)
+
+
+def test_per_category_bars_are_the_ratio_of_tokens_per_second(tmp_path):
+    rows = [("autoregressive", "math", 10, 1.0), ("pld", "math", 10, 0.5), ("autoregressive", "coding", 10, 1.0),
+            ("pld", "coding", 30, 1.0)]
+    records = pd.DataFrame([{"method": m, "category": c, "new_tokens": n, "wall_time": t, "steps": n,
+                             "question_id": "q", "turn": 0} for m, c, n, t in rows])
+    summary = pd.DataFrame({"method": ["autoregressive", "pld"], "num_prompts": 2, **PROV})
+    fig = plots.category_figure(records, summary)
+    widths = {ax.get_title().split(" (")[0]: ax.patches[0].get_width() for ax in fig.axes if ax.get_visible()}
+    assert widths == pytest.approx({"math": 2.0, "coding": 3.0})
+    plots.plt.close(fig)
+
+
+def test_a_sweep_plots_each_method_and_dataset_against_the_swept_budget(tmp_path):
+    frames = []
+    for budget in ("4", "8", "16"):  # sweep.py reads swept values from overrides.yaml as strings
+        for dataset in ("mt_bench", "humaneval"):
+            _, summary, _, _ = twelve_methods(seed=int(budget))
+            frames.append(summary.assign(dataset=dataset, **{"tree.budget": budget}))
+    table = pd.concat(frames, ignore_index=True)
+    pngs = plots.save_sweep_plots(table, tmp_path, "tree.budget", ["dataset"])
+    assert [p.name for p in pngs] == ["sweep.png", "sweep_memory.png"]
+    assert all(p.with_suffix(".pdf").exists() for p in pngs)
+    fig = plots.budget_figure(table.assign(**{"tree.budget": pd.to_numeric(table["tree.budget"]),
+                                              "method_name": table["method"]}), "tree.budget", "method")
+    legend = {t.get_text() for t in fig.axes[1].get_legend().get_texts()}
+    assert len(legend) == 12 and "autoregressive" not in legend  # plain decoding is the line at 1, not a method
+    assert sorted(fig.axes[0].get_xticks()) == [4, 8, 16]
+    plots.plt.close(fig)
