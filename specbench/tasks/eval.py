@@ -79,8 +79,8 @@ def run(cfg, overrides: list[str] | None = None) -> pd.DataFrame:
     shared = shared_settings(cfg, execution.dtype, execution.backend)
     per_method = {e.label: e.settings() for e in entries} | {BASELINE: BASELINE_SETTINGS}
     fast_b, fast_d = execution.fastest_ar
-    extra = [] if not cfg.eval.baseline or execution.fastest_ar == (execution.backend, execution.dtype) \
-        else [f"{BASELINE}@{execution.fastest_ar_label}"]
+    extra = [] if not (cfg.eval.baseline and cfg.eval.fastest_ar) \
+        or execution.fastest_ar == (execution.backend, execution.dtype) else [f"{BASELINE}@{execution.fastest_ar_label}"]
     per_method |= {label: {**BASELINE_SETTINGS, "dtype": fast_d, "backend": fast_b} for label in extra}
     if cfg.eval.hf_generate:
         per_method[HF_GENERATE] = {"method": {"name": HF_GENERATE}, "dtype": fast_d, "backend": "eager"}
@@ -89,11 +89,12 @@ def run(cfg, overrides: list[str] | None = None) -> pd.DataFrame:
     dataset = build(cfg.dataset)
     runs = [MethodRun(e.label, build_drafter(e.cfg.method.drafter, cast, tree, execution.backend), build(e.cfg.accept),
                       settings_hash(shared, per_method[e.label]), e.name) for e, tree in zip(entries, trees)]
+    fast_cast = cast if fast_d == execution.dtype else with_dtype(loaded, fast_d)
     runs = [MethodRun(label, AutoregressiveDrafter(), ExactAcceptance(), settings_hash(shared, per_method[label]),
-                      BASELINE, with_backend(with_dtype(loaded, fast_d), fast_b)) for label in extra] + runs
+                      BASELINE, with_backend(fast_cast, fast_b)) for label in extra] + runs
     if cfg.eval.hf_generate:  # transformers' generate on the eager model, in the fastest plain decoding's dtype
         runs.append(MethodRun(HF_GENERATE, AutoregressiveDrafter(), ExactAcceptance(),
-                              settings_hash(shared, per_method[HF_GENERATE]), HF_GENERATE, with_dtype(loaded, fast_d)))
+                              settings_hash(shared, per_method[HF_GENERATE]), HF_GENERATE, fast_cast))
     settings.chat_template = target.chat_template
     evaluator = Evaluator(target, runs, sampling, dataset, settings, out, provenance(cfg, execution.dtype, execution.backend),
                           settings_hash(shared, BASELINE_SETTINGS))
