@@ -66,13 +66,16 @@ def train(cfg: DictConfig, run_dir: Path, callbacks: list | None = None) -> dict
     trainable, share = module.trainable_share()
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
     metrics |= {"rank_accuracy": module.rank_accuracy, "trainable_params": trainable, "trainable_share": share,
-                "fit_wall_time_s": fit_time, "global_step": trainer.global_step}
+                "fit_wall_time_s": fit_time, "global_step": trainer.global_step, "world_size": trainer.world_size}
     train_cfg = OmegaConf.to_container(tcfg, resolve=True)
+    summary = {"artifact": str(run_dir / tcfg.export), **{k: v for k, v in metrics.items() if k != "rank_accuracy"}}
+    if not trainer.is_global_zero:  # under DDP every rank gets here with the same synced metrics: rank 0 writes
+        return summary
     out = save_artifact(run_dir / tcfg.export, method, target, module.arch(), module.export_tensors(), train_cfg,
                         metrics)
     if isinstance(trainer.logger, L.pytorch.loggers.WandbLogger):
         log_artifact(trainer.logger, out, f"{method}-drafter", "drafter")
-    summary = {"artifact": str(out), **{k: v for k, v in metrics.items() if k != "rank_accuracy"}}
+    summary["artifact"] = str(out)
     (run_dir / "train_summary.json").write_text(json.dumps(summary, indent=2))
     print(json.dumps(summary, indent=2))
     return summary

@@ -9,6 +9,7 @@ import math
 
 import lightning as L
 import torch
+from torchmetrics import Metric
 
 
 class DrafterModule(L.LightningModule):
@@ -50,23 +51,34 @@ class DrafterModule(L.LightningModule):
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
 
 
-class RankAccuracy:
-    """Counts at which rank of a predicted distribution the label falls: top-k accuracies and tree calibration."""
+class RankAccuracy(Metric):
+    """Counts at which rank of a predicted distribution the label falls: top-k accuracies and tree calibration.
+
+    A torchmetrics Metric: the counts are sum-reduced over DDP ranks before rank_probs/topk read them, so every rank
+    reports the accuracy of the whole validation set, not of its own shard."""
+
+    full_state_update = False
 
     def __init__(self, groups: int, ranks: int = 10) -> None:
+        super().__init__()
         self.ranks = ranks
-        self.hits = torch.zeros(groups, ranks + 1, dtype=torch.long)  # last column: rank >= ranks
+        # last column: rank >= ranks
+        self.add_state("hits", default=torch.zeros(groups, ranks + 1, dtype=torch.long), dist_reduce_fx="sum")
 
     def update(self, group: int, logits: torch.Tensor, labels: torch.Tensor) -> None:
         if labels.numel() == 0:
             return
         label_logit = logits.gather(-1, labels[:, None])
         rank = (logits > label_logit).sum(-1).clamp(max=self.ranks)
-        self.hits[group] += torch.bincount(rank.cpu(), minlength=self.ranks + 1)
+        self.hits[group] += torch.bincount(rank.to(self.hits.device), minlength=self.ranks + 1)
+
+    def compute(self) -> torch.Tensor:
+        return self.hits
 
     def rank_probs(self) -> list[list[float]]:
-        total = self.hits.sum(-1, keepdim=True).clamp(min=1)
-        return (self.hits[:, : self.ranks] / total).tolist()
+        hits = self.compute()  # synced across ranks (torchmetrics gathers and sums the states here)
+        total = hits.sum(-1, keepdim=True).clamp(min=1)
+        return (hits[:, : self.ranks] / total).tolist()
 
     def topk(self, group: int, k: int) -> float:
         return float(sum(self.rank_probs()[group][:k]))

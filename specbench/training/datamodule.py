@@ -1,5 +1,8 @@
 """ShareGPT as a LightningDataModule: human-written or self-distilled conversations, padded batches with a mask of
-the assistant tokens that supervise the drafter. The last `num_val` conversations are the held-out split."""
+the assistant tokens that supervise the drafter. The last `num_val` conversations are the held-out split.
+
+Under DDP, Lightning calls prepare_data in one process per node (then a barrier) and setup in every rank: the
+self-distillation responses are generated and cached once, in prepare_data, and every rank reads the cache."""
 
 from __future__ import annotations
 
@@ -11,7 +14,7 @@ from torch.utils.data import DataLoader
 
 from specbench.data.sharegpt import read_sharegpt
 from specbench.errors import SpecbenchError
-from specbench.training.self_distill import cache_file, generate_responses
+from specbench.training.self_distill import cache_file, generate_responses, read_responses
 from specbench.training.sharegpt import Example, format_conversation
 
 
@@ -27,20 +30,28 @@ class ShareGPTDataModule(L.LightningDataModule):
             raise SpecbenchError("self-distillation needs the target to write the responses (generator=...)")
         self.tokenizer, self.num_conversations, self.num_val = tokenizer, num_conversations, num_val
         self.max_length, self.batch_size = max_length, batch_size
-        self.self_distill, self.generator, self.cache_dir = self_distill, generator, cache_dir
+        self.self_distill = None if self_distill is None else dict(self_distill)
+        self.generator, self.cache_dir = generator, cache_dir
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else tokenizer.eos_token_id
 
-    def examples(self) -> list[Example]:
-        conversations = read_sharegpt(self.num_conversations)
+    def _cache(self) -> Path:
+        sd = self.self_distill
+        return cache_file(Path(self.cache_dir), self.generator.name, max_prompt_tokens=sd["max_prompt_tokens"],
+                          max_new_tokens=sd["max_new_tokens"], dtype=sd["dtype"])
+
+    def prepare_data(self) -> None:
         if self.self_distill is not None:
-            sd = dict(self.self_distill)
-            path = cache_file(Path(self.cache_dir), self.generator.name, max_prompt_tokens=sd["max_prompt_tokens"],
-                              max_new_tokens=sd["max_new_tokens"], dtype=sd["dtype"])
-            examples = generate_responses(self.generator, conversations, path, sd["max_prompt_tokens"],
-                                          sd["max_new_tokens"], sd.get("batch_size", 16))
+            sd = self.self_distill
+            generate_responses(self.generator, read_sharegpt(self.num_conversations), self._cache(),
+                               sd["max_prompt_tokens"], sd["max_new_tokens"], sd.get("batch_size", 16))
+
+    def examples(self) -> list[Example]:
+        if self.self_distill is not None:
+            examples = read_responses(self._cache(), self.num_conversations)
         else:
-            examples = [format_conversation(self.tokenizer, c, self.max_length) for c in conversations]
+            examples = [format_conversation(self.tokenizer, c, self.max_length)
+                        for c in read_sharegpt(self.num_conversations)]
         return [Example(e.input_ids[: self.max_length], e.loss_mask[: self.max_length]) for e in examples]
 
     def setup(self, stage: str | None = None) -> None:

@@ -54,7 +54,7 @@ class DraftDistillModule(DrafterModule):
 
     def validation_step(self, batch, batch_idx):
         student, teacher = self._logits(batch)
-        self.log("val/kl", self._kl(student, teacher), prog_bar=True)
+        self.log("val/kl", self._kl(student, teacher), prog_bar=True, sync_dist=True)  # mean over DDP ranks
         self.val_acc.update(0, student, teacher.argmax(-1))  # what greedy verification accepts
 
     def on_validation_epoch_end(self) -> None:

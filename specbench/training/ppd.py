@@ -89,7 +89,7 @@ class PPDModule(DrafterModule):
     def validation_step(self, batch, batch_idx):
         gen = torch.Generator(device=batch["input_ids"].device).manual_seed(batch_idx)
         student, teacher, valid = self._forward(batch, gen)
-        self.log("val/loss", self._loss(student, teacher, valid), prog_bar=True)
+        self.log("val/loss", self._loss(student, teacher, valid), prog_bar=True, sync_dist=True)  # mean over ranks
         for k in range(student.shape[2]):
             self.val_acc.update(k, student[:, :, k][valid], teacher[:, :, k][valid].argmax(-1))
 
