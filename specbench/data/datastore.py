@@ -18,6 +18,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 from pydivsufsort import divsufsort
+from tqdm.auto import tqdm
 
 from specbench.data.prompts import HELD_OUT_FROM
 from specbench.errors import SpecbenchError
@@ -144,7 +145,16 @@ def sharegpt_documents(tokenizer, num_conversations: int, chat_template: bool) -
         raise SpecbenchError(f"datastore.num_conversations={num_conversations!r} is invalid: it must be an integer in "
                              f"1..{HELD_OUT_FROM}, so the held-out ShareGPT evaluation prompts stay out of the store")
     conversations = read_sharegpt(num_conversations)
-    if chat_template and getattr(tokenizer, "chat_template", None):
-        texts = [tokenizer.apply_chat_template(c, tokenize=False) for c in conversations]
-        return tokenizer(texts, add_special_tokens=False)["input_ids"]
-    return tokenizer(["\n\n".join(m["content"] for m in c) for c in conversations])["input_ids"]
+    templated = chat_template and getattr(tokenizer, "chat_template", None)
+    documents = []
+    bar = tqdm(total=len(conversations), desc="tokenising ShareGPT", unit="conversation", dynamic_ncols=True)
+    for start in range(0, len(conversations), 256):  # chunks only to show progress: each call stays batched
+        chunk = conversations[start: start + 256]
+        if templated:
+            texts = [tokenizer.apply_chat_template(c, tokenize=False) for c in chunk]
+            documents += tokenizer(texts, add_special_tokens=False)["input_ids"]
+        else:
+            documents += tokenizer(["\n\n".join(m["content"] for m in c) for c in chunk])["input_ids"]
+        bar.update(len(chunk))
+    bar.close()
+    return documents

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from tqdm.auto import tqdm
 
 from specbench.acceptance import ExactAcceptance
 from specbench.sampling import SamplingParams
@@ -93,6 +94,6 @@ def calibrate(model, drafter: Drafter, prompts: list[list[int]], depth: int, ran
     calibration = Calibration(depth, ranks)
     decoder = Decoder(model, RecordingDrafter(drafter, calibration), ExactAcceptance(), SamplingParams(),
                       max_new_tokens, eos_token_ids)
-    for ids in prompts:
+    for ids in tqdm(prompts, desc=f"calibrating {drafter.name}", unit="prompt", dynamic_ncols=True):
         decoder.generate(ids)
     return calibration

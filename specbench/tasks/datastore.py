@@ -16,6 +16,7 @@ def run(cfg) -> Path:
     start = time.perf_counter()
     documents = sharegpt_documents(target.tokenizer, settings.num_conversations, target.chat_template)
     tokenised = time.perf_counter()
+    print(f"building the suffix array over {sum(map(len, documents)):,} tokens (one pass, no progress to show)")
     store = Datastore.build(documents, target.tokenizer, target.name, corpus="sharegpt",
                             num_conversations=settings.num_conversations, chat_template=target.chat_template)
     store.save(path)
