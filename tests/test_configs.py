@@ -8,6 +8,7 @@ from hydra.utils import instantiate
 from specbench.acceptance.base import AcceptanceRule
 from specbench.errors import SpecbenchError
 from specbench.evaluation.methods import build_drafter
+from specbench.tasks import available
 from specbench.hardware import HardwareSpec
 from specbench.trees.policy import TreePolicy
 
@@ -23,7 +24,7 @@ def options(group: str) -> list[str]:
 def test_every_option_composes(group, tmp_path):
     for choice in options(group):
         cfg = compose_cfg([f"{group}={choice}"], tmp_path)
-        assert cfg.task in ("eval", "train", "profile", "calibrate")
+        assert cfg.task in available()
 
 
 @pytest.mark.parametrize("choice", options("tree"))
@@ -66,3 +67,10 @@ def test_offline_datasets_load(choice, tmp_path):
 def test_mt_bench_round_robin_covers_every_category(tmp_path):
     ds = instantiate(compose_cfg(["dataset=mt_bench", "eval.num_prompts=16"], tmp_path).dataset)
     assert len({p.category for p in ds}) == 8
+
+
+@pytest.mark.parametrize("tree", ["static", "chain", "dynamic", "greedy", "hardware_aware"])
+def test_medusa_composes_with_every_tree_it_accepts(tree, tmp_path):
+    """The method file sets no tree keys of one policy, so picking another policy leaves no stray key behind."""
+    cfg = compose_cfg(["method=medusa", f"tree={tree}"], tmp_path)
+    assert instantiate(cfg.tree).name == tree
