@@ -109,3 +109,17 @@ def test_a_draft_sliced_from_the_eager_target_runs_on_the_backend_and_stays_loss
     plain = Decoder(tiny.model, AutoregressiveDrafter(), ExactAcceptance(), SamplingParams(), 24, tiny.eos_token_ids,
                     max_context=tiny.max_context).generate(prompt)
     assert run.tokens == plain.tokens and any(s.tree_size > 1 for s in run.steps)
+
+
+def test_a_run_on_a_fast_backend_checks_every_method_against_eager_plain_decoding(tmp_path):
+    from specbench.tasks import eval as eval_task
+    from tests.conftest import compose_cfg
+
+    overrides = ["model=tiny_random", "model.backend=prepacked", "eval.dtype=float32", "eval.num_prompts=2",
+                 "eval.max_new_tokens=16", "eval.warmup=0", "eval.memory_probe=false", "eval.fastest_ar=false",
+                 "eval.first_turn_only=true", "eval.eager_reference=true", "eval.latency_profile=false"]
+    summary = eval_task.run(compose_cfg(overrides, tmp_path / "run")).set_index("method")
+    assert list(summary.index) == ["autoregressive", "autoregressive@eager", "pld"]
+    assert summary.loc["autoregressive", "backend"] == "prepacked"
+    assert summary.loc["autoregressive@eager", "backend"] == "eager"
+    assert (summary.loc[["autoregressive", "pld"], "eager_match"] == 1.0).all()

@@ -10,7 +10,9 @@ in the run, whatever its dtype (a method that only beats a slow baseline must no
 tau * L(1) / L(n) with L from the latency profile (or from measured step times when there is none), n the rows
 verified per forward; efficiency = decode_speedup / ideal, both without prefill. projected_speedup: tau * T(1) /
 T(n) from the roofline of the chosen hw, T(n) the target's forward over n rows plus the drafter's own work (Medusa's
-heads, a draft model's forwards).
+heads, a draft model's forwards). lossless_match: share of prompts whose tokens equal the method's reference plain
+decoding (same backend and dtype); eager_match: the same against plain decoding on transformers' eager forward
+(eval.eager_reference), which shows a fast backend changes no token.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from specbench.errors import SpecbenchError
 from specbench.hardware.roofline import DrafterCost
 
 BASELINE = "autoregressive"
+EAGER_REFERENCE = f"{BASELINE}@eager"  # eval.eager_reference: plain decoding on transformers' eager forward
 
 
 def per_depth_acceptance(rows: pd.DataFrame, max_depth: int = 16) -> list[float]:
@@ -57,7 +60,7 @@ def latency_at(profile: pd.DataFrame | None, n: float) -> float | None:
     return float(np.interp(n, profile["tokens"], profile["ms"]))
 
 
-PROVENANCE = ["model", "dtype", "hw", "dataset", "cpu_model", "cpu_capability", "threads", "gpu_name", "torch_version",
+PROVENANCE = ["model", "dtype", "backend", "hw", "dataset", "cpu_model", "cpu_capability", "threads", "gpu_name", "torch_version",
               "transformers_version", "git_commit", "settings_hash"]
 
 
@@ -105,6 +108,7 @@ def summarize(records: pd.DataFrame, latency_profile: pd.DataFrame | None = None
     fastest = max(rates, key=rates.get) if rates else None
     base_tps = _tokens_per_s(base)
     base_step = _mean_step(base)
+    eager = records[records["method"] == EAGER_REFERENCE]
     rows = []
     for method, grp in records.groupby("method", sort=False):
         steps = grp["steps"].sum()
@@ -142,6 +146,7 @@ def summarize(records: pd.DataFrame, latency_profile: pd.DataFrame | None = None
             if steps else math.nan,
             "lossless_match": _lossless_match(grp, _reference(records, grp, base)),
             "lossless_reference": _reference(records, grp, base)["method"].iloc[0] if len(base) else math.nan,
+            "eager_match": _lossless_match(grp, eager) if len(eager) else math.nan,
             "drafter_params": int(grp["drafter_params"].iloc[0]),
             "drafter_mb": grp["drafter_bytes"].iloc[0] / 2**20,
             "kv_peak_mb": grp["kv_peak_bytes"].max() / 2**20,

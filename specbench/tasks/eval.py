@@ -20,7 +20,7 @@ from specbench.config import build
 from specbench.evaluation.evaluator import EvalSettings, Evaluator, MethodRun
 from specbench.evaluation.hf_generate import HF_GENERATE, check_greedy
 from specbench.evaluation.methods import build_drafter, check_tree, resolve_entries
-from specbench.evaluation.metrics import BASELINE, decoded, summarize
+from specbench.evaluation.metrics import BASELINE, EAGER_REFERENCE, decoded, summarize
 from specbench.evaluation.provenance import check_and_save_settings, provenance, settings_hash, shared_settings
 from specbench.hardware.profiler import latency_profile
 from specbench.hardware.roofline import DrafterCost, ModelShape, roofline_step_time
@@ -39,8 +39,8 @@ from specbench.reporting.plots import save_plots
 from specbench.sampling import SamplingParams
 from specbench.tasks._common import run_dir, setup_target
 
-TABLE = ["method", "dtype", "tau", "tokens_per_s", "speedup", "speedup_paired", "speedup_ci_low", "speedup_ci_high",
-         "speedup_vs_fastest_ar", "ideal_speedup", "projected_speedup", "lossless_match", "method_mem_mb", "num_prompts"]
+TABLE = ["method", "backend", "dtype", "tau", "tokens_per_s", "speedup", "speedup_paired", "speedup_ci_low", "speedup_ci_high",
+         "speedup_vs_fastest_ar", "ideal_speedup", "projected_speedup", "lossless_match", "eager_match", "method_mem_mb", "num_prompts"]
 BASELINE_SETTINGS = {"method": {"name": BASELINE}, "accept": {"name": "exact"}}
 
 
@@ -82,6 +82,9 @@ def run(cfg, overrides: list[str] | None = None) -> pd.DataFrame:
     extra = [] if not (cfg.eval.baseline and cfg.eval.fastest_ar) \
         or execution.fastest_ar == (execution.backend, execution.dtype) else [f"{BASELINE}@{execution.fastest_ar_label}"]
     per_method |= {label: {**BASELINE_SETTINGS, "dtype": fast_d, "backend": fast_b} for label in extra}
+    eager_ref = cfg.eval.eager_reference and execution.backend != "eager" and EAGER_REFERENCE not in extra
+    if eager_ref:  # the run's dtype on transformers' own forward: every method's tokens are also checked against it
+        per_method[EAGER_REFERENCE] = {**BASELINE_SETTINGS, "dtype": execution.dtype, "backend": "eager"}
     if cfg.eval.hf_generate:
         per_method[HF_GENERATE] = {"method": {"name": HF_GENERATE}, "dtype": fast_d, "backend": "eager"}
     check_and_save_settings(out, shared, per_method)
@@ -92,6 +95,9 @@ def run(cfg, overrides: list[str] | None = None) -> pd.DataFrame:
     fast_cast = cast if fast_d == execution.dtype else with_dtype(loaded, fast_d)
     runs = [MethodRun(label, AutoregressiveDrafter(), ExactAcceptance(), settings_hash(shared, per_method[label]),
                       BASELINE, with_backend(fast_cast, fast_b)) for label in extra] + runs
+    if eager_ref:
+        runs.insert(len(extra), MethodRun(EAGER_REFERENCE, AutoregressiveDrafter(), ExactAcceptance(),
+                                          settings_hash(shared, per_method[EAGER_REFERENCE]), BASELINE, cast))
     if cfg.eval.hf_generate:  # transformers' generate on the eager model, in the fastest plain decoding's dtype
         runs.append(MethodRun(HF_GENERATE, AutoregressiveDrafter(), ExactAcceptance(),
                               settings_hash(shared, per_method[HF_GENERATE]), HF_GENERATE, fast_cast))
