@@ -123,3 +123,34 @@ def test_a_run_on_a_fast_backend_checks_every_method_against_eager_plain_decodin
     assert summary.loc["autoregressive", "backend"] == "prepacked"
     assert summary.loc["autoregressive@eager", "backend"] == "eager"
     assert (summary.loc[["autoregressive", "pld"], "eager_match"] == 1.0).all()
+
+
+def test_auto_runs_on_the_profiles_cheapest_verify_and_judges_it_against_the_fastest_plain_decoding(tmp_path,
+                                                                                                     monkeypatch):
+    """A hand-made profile: prepacked fp32 is flat in n (cheapest for trees), eager bf16 is cheapest for one token."""
+    import pandas as pd
+
+    from specbench.hardware.machine import machine_info
+    from specbench.hardware.machine_profile import MachineProfile, profile_path
+    from specbench.tasks import eval as eval_task
+    from tests.conftest import compose_cfg
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    cost = {("eager", "float32"): lambda n: 50 + 5 * n, ("prepacked", "float32"): lambda n: 40 + 1 * n,
+            ("eager", "bfloat16"): lambda n: 25 + 15 * n}
+    rows = [{"backend": b, "dtype": d, "context": c, "tokens": n, "ms": float(f(n))}
+            for (b, d), f in cost.items() for c in (128, 1024) for n in (1, 2, 4, 8, 16, 32, 64)]
+    peaks = {"peak_tflops": {"float32": 0.1, "bfloat16": 0.1}, "mem_bandwidth_gbs": 10.0, "layer_overhead_ms": 0.1,
+             "memory_gb": 8.0}
+    profile = MachineProfile({**machine_info(), "unsupported": {"prepacked/bfloat16": "not here"}}, "cpu",
+                             "tiny_random", peaks, pd.DataFrame(rows))
+    profile_path("tiny_random", "cpu").parent.mkdir(parents=True)
+    profile_path("tiny_random", "cpu").write_text(profile.to_json())
+    overrides = ["model=tiny_random", "model.backend=auto", "eval.dtype=auto", "eval.fastest_ar=true",
+                 "eval.profile_backends=[eager,prepacked]", "eval.num_prompts=1", "eval.max_new_tokens=12",
+                 "eval.warmup=0", "eval.memory_probe=false", "eval.first_turn_only=true", "tree.budget=8"]
+    summary = eval_task.run(compose_cfg(overrides, tmp_path / "run")).set_index("method")
+    assert list(summary.index) == ["autoregressive", "autoregressive@eager/bfloat16", "pld"]
+    assert tuple(summary.loc["pld", ["backend", "dtype"]]) == ("prepacked", "float32")  # L(8): 48 vs 90, 145 ms; L(1): bf16 40 < 41
+    assert tuple(summary.loc["autoregressive@eager/bfloat16", ["backend", "dtype"]]) == ("eager", "bfloat16")
+    assert summary.loc["pld", "fastest_ar"] in ("autoregressive", "autoregressive@eager/bfloat16")
