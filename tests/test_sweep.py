@@ -1,8 +1,17 @@
-"""The multirun sweep summary: every job's summary in one table with its swept settings, and a plot against them."""
+"""The multirun sweep summary: every job's summary in one table with its swept settings, and a plot against them;
+a rerun of a sweep resumes it."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pandas as pd
 
 from specbench.reporting.sweep import sweep_summary
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_sweep_summary_joins_the_jobs_with_their_swept_settings(tmp_path):
@@ -25,3 +34,34 @@ def test_sweep_summary_joins_the_jobs_with_their_swept_settings(tmp_path):
 
 def test_a_sweep_without_summaries_writes_nothing(tmp_path):
     assert sweep_summary(tmp_path) is None and not (tmp_path / "sweep_summary.csv").exists()
+
+
+def test_rerunning_a_sweep_skips_finished_jobs_and_duplicates_nothing(tmp_path):
+    """A sweep killed while its second job decoded, rerun with the same command and sweep folder: each job lands in
+    the same sub-folder (hydra.sweep.subdir is its number and overrides), finished prompts are not decoded again,
+    the cut job completes, and every table holds each (job, method, prompt) once."""
+    sweep_dir = tmp_path / "sweep"
+    args = [sys.executable, "run.py", "-m", "model=tiny_random", "method=pld", "tree.budget=4,8",
+            "eval.num_prompts=2", "eval.max_new_tokens=8", "eval.first_turn_only=true", "eval.dtype=float32",
+            "eval.fastest_ar=false", "eval.memory_probe=false", "eval.latency_profile=false", "eval.warmup=0",
+            f"hydra.sweep.dir={sweep_dir}"]
+    env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline")
+    first = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr[-3000:]
+    finished, cut = sorted(p for p in sweep_dir.iterdir() if (p / "records.jsonl").exists())
+    finished_records = (finished / "records.jsonl").read_text()
+    lines = (cut / "records.jsonl").read_text().splitlines(keepends=True)
+    assert len(lines) == 4  # 2 prompts x (autoregressive, pld)
+    (cut / "records.jsonl").write_text("".join(lines[:2]) + lines[2][:40])  # killed while writing prompt 2
+    (cut / "summary.csv").unlink()
+
+    second = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert (finished / "records.jsonl").read_text() == finished_records  # nothing decoded again
+    redone = (cut / "records.jsonl").read_text().splitlines(keepends=True)
+    assert redone[:2] == lines[:2]  # prompt 1 kept as it was, prompt 2 decoded anew
+    keys = [(r["method"], r["question_id"], r["turn"]) for r in map(json.loads, redone)]
+    assert len(keys) == len(set(keys)) == 4
+    assert sorted(p.name for p in sweep_dir.iterdir() if p.is_dir()) == sorted([finished.name, cut.name])
+    table = pd.read_csv(sweep_dir / "sweep_summary.csv")
+    assert table.groupby("job")["method"].apply(sorted).tolist() == [["autoregressive", "pld"]] * 2

@@ -1,6 +1,6 @@
-"""A multirun's sweep summary: every job's summary.csv in one table, with the swept settings as columns, and a plot
-of the headline metrics against the first numeric swept setting (one line per method). Written automatically at
-the end of `python run.py -m ...` by a Hydra callback (conf/config.yaml: hydra.callbacks), or on demand with
+"""A multirun's sweep summary: every job's summary.csv in one table, with the swept settings as columns, and plots
+against the first numeric swept setting (one line per method and per value of the other swept settings). Written
+automatically at the end of `python run.py -m ...` by a Hydra callback (conf/config.yaml: hydra.callbacks), or with
 `python -c "from specbench.reporting.sweep import sweep_summary; sweep_summary('multirun/...')"`.
 """
 
@@ -12,48 +12,39 @@ import pandas as pd
 import yaml
 from hydra.experimental.callback import Callback
 
-from specbench.reporting.plots import caption, plt
-
-METRICS = (("throughput_tokens_per_s", "throughput (tokens/s, all sequences)"),
-           ("throughput_speedup", "throughput over plain decoding's (x)"),
-           ("tokens_per_s", "per-sequence tokens/s (latency)"), ("tau", "tau (tokens per target forward)"))
+from specbench.reporting.plots import save_sweep_plots
 
 
 def sweep_summary(sweep_dir: str | Path) -> pd.DataFrame | None:
-    """sweep_summary.csv and sweep_<metric>.png in sweep_dir; None when no job wrote a summary."""
+    """sweep_summary.csv and the sweep plots in sweep_dir; None when no job wrote a summary.
+
+    One row per job and method, read from each job folder's summary.csv, so rerunning a sweep into the same
+    folder rewrites the table instead of appending to it. A setting from the command line becomes a column unless
+    the summary has it already (model, dataset, and method, which is the label there)."""
     sweep_dir = Path(sweep_dir)
-    frames = []
-    for summary in sorted(sweep_dir.glob("*/summary.csv")):
+    frames, jobs = [], []
+    for summary in sorted(sweep_dir.glob("*/summary.csv"), key=_job_order):
         overrides = yaml.safe_load((summary.parent / ".hydra" / "overrides.yaml").read_text()) or []
-        swept = dict(o.split("=", 1) for o in overrides if "=" in o and not o.startswith(("hydra.", "experiment=")))
-        frames.append(pd.read_csv(summary).assign(job=summary.parent.name, **swept))
+        settings = dict(o.split("=", 1) for o in overrides if "=" in o and not o.startswith(("hydra.", "experiment=")))
+        frame = pd.read_csv(summary)
+        frames.append(frame.assign(job=summary.parent.name, **{k: v for k, v in settings.items() if k not in frame}))
+        jobs.append(settings)
     if not frames:
         return None
     table = pd.concat(frames, ignore_index=True)
     table.to_csv(sweep_dir / "sweep_summary.csv", index=False)
-    keys = [k for k in frames[0].columns if k not in pd.read_csv(next(sweep_dir.glob("*/summary.csv"))).columns
-            and k != "job"]
-    numeric = [k for k in keys if pd.to_numeric(table[k], errors="coerce").notna().all()]
+    swept = [k for k in dict.fromkeys(k for job in jobs for k in job)
+             if len({job.get(k) for job in jobs}) > 1 and k in table and k != "method"]
+    numeric = [k for k in swept if pd.to_numeric(table[k], errors="coerce").notna().all()]
     if numeric:
-        _plot(table, numeric[0], sweep_dir)
+        save_sweep_plots(table, sweep_dir, numeric[0], [k for k in swept if k != numeric[0]])
     return table
 
 
-def _plot(table: pd.DataFrame, key: str, out: Path) -> None:
-    table = table.assign(**{key: pd.to_numeric(table[key])}).sort_values(key)
-    metrics = [(m, label) for m, label in METRICS if m in table]
-    fig, axes = plt.subplots(1, len(metrics), figsize=(4.2 * len(metrics), 4))
-    for ax, (metric, label) in zip(axes, metrics):
-        for method, grp in table.groupby("method", sort=False):
-            ax.plot(grp[key], grp[metric], marker="o", label=method)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel(key)
-        ax.set_ylabel(label)
-    axes[0].legend(fontsize=7)
-    fig.suptitle(f"Sweep over {key}\n{caption(table)}", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(out / "sweep.png", dpi=110)
-    plt.close(fig)
+def _job_order(summary: Path) -> tuple[int, str]:
+    """Hydra's job number first (sub-folders are named <num>_<overrides>), so job 10 follows job 9."""
+    num = summary.parent.name.split("_", 1)[0]
+    return (int(num) if num.isdigit() else -1, summary.parent.name)
 
 
 class SweepSummary(Callback):
