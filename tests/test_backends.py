@@ -154,16 +154,3 @@ def test_auto_runs_on_the_profiles_cheapest_verify_and_judges_it_against_the_fas
     assert tuple(summary.loc["pld", ["backend", "dtype"]]) == ("prepacked", "float32")  # L(8): 48 vs 90, 145 ms; L(1): bf16 40 < 41
     assert tuple(summary.loc["autoregressive@eager/bfloat16", ["backend", "dtype"]]) == ("eager", "bfloat16")
     assert summary.loc["pld", "fastest_ar"] in ("autoregressive", "autoregressive@eager/bfloat16")
-
-
-def test_prepacked_keeps_the_layout_that_multiplies_faster_here():
-    import time
-
-    from specbench.models.backends import _faster
-
-    def slow(x):
-        time.sleep(0.002)
-        return x
-
-    assert _faster(slow, lambda x: x, 8, torch.float32) == "kmajor"
-    assert _faster(lambda x: x, slow, 8, torch.float32) == "onednn"

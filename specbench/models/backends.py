@@ -1,9 +1,8 @@
 """Execution backends: the same transformers model and cache, run with less overhead per forward.
 
 - `eager`: transformers as it is, the reference every other backend is checked against.
-- `prepacked`: every nn.Linear keeps its weight laid out once at load, in oneDNN's blocked layout or the plain
-  transpose, whichever multiplies faster here (PackedLinear). Eager GEMM repacks each weight on every call, which is
-  what makes an n = 2 forward cost far more than n = 1 on CPU.
+- `prepacked`: every nn.Linear keeps its weight in oneDNN's blocked layout, reordered once at load. Eager GEMM
+  repacks each weight on every call, which is what makes an n = 2 forward cost far more than n = 1 on CPU.
 - `compile`: torch.compile (inductor) of the model's forward with shapes dynamic in the tree size and the cache
   length, so one graph serves every step, and with freezing, which turns the weights into constants that inductor
   prepacks and folds. Compile time is paid on the first forwards and reported apart (`compile_seconds`); inductor
@@ -46,52 +45,21 @@ def supported(backend: str, dtype: torch.dtype, device: torch.device) -> str | N
 
 
 class PackedLinear(nn.Module):
-    """nn.Linear whose weight is laid out once in whichever of two layouts multiplies faster on this machine: oneDNN's
-    blocked layout, or the plain transpose (K-major, which MKL streams at close to memory bandwidth for a few rows
-    against a very wide matrix such as the LM head). The choice is timed here at load, for one row and for 16 (a
-    decode step and a tree), because it differs between CPUs and matrix shapes. The original parameter stays
-    reachable as `.weight` (a tied LM head, Medusa's heads and the memory accounting read it)."""
+    """nn.Linear whose weight is reordered once into oneDNN's layout. The original parameter stays reachable as
+    `.weight` (a tied LM head, Medusa's heads and the memory accounting read it); only the packed copy is used."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.weight, self.bias = linear.weight, linear.bias
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        weight = linear.weight.detach()
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight)
-        transposed = weight.t().contiguous()
-        self.layout = _faster(lambda x: self._onednn(x, packed), lambda x: self._kmajor(x, transposed),
-                              weight.shape[1], weight.dtype)
-        self.register_buffer("packed", packed if self.layout == "onednn" else transposed, persistent=False)
-
-    def _onednn(self, x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
-        bias = None if self.bias is None else self.bias.detach()
-        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-
-    def _kmajor(self, x: torch.Tensor, transposed: torch.Tensor) -> torch.Tensor:
-        out = x @ transposed
-        return out if self.bias is None else out + self.bias.detach()
+        self.register_buffer("packed", torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach()),
+                             persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if torch.is_grad_enabled() and self.weight.requires_grad:
-            return nn.functional.linear(x, self.weight, self.bias)  # neither layout is differentiable here
-        return self._onednn(x, self.packed) if self.layout == "onednn" else self._kmajor(x, self.packed)
-
-
-def _faster(onednn, kmajor, in_features: int, dtype: torch.dtype, repeats: int = 3) -> str:
-    """'onednn' or 'kmajor': the lower summed best-of-`repeats` time over one row and 16 rows."""
-    total = {"onednn": 0.0, "kmajor": 0.0}
-    with torch.inference_mode():
-        for rows in (1, 16):
-            x = torch.randn(rows, in_features).to(dtype)
-            for name, fn in (("onednn", onednn), ("kmajor", kmajor)):
-                fn(x)
-                best = float("inf")
-                for _ in range(repeats):
-                    start = time.perf_counter()
-                    fn(x)
-                    best = min(best, time.perf_counter() - start)
-                total[name] += best
-    return min(total, key=total.get)
+            return nn.functional.linear(x, self.weight, self.bias)  # the packed op has no backward
+        bias = None if self.bias is None else self.bias.detach()
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, bias, "none", [], "")
 
 
 @dataclasses.dataclass
