@@ -357,7 +357,7 @@ def test_task_profile_writes_the_table_and_plot(tmp_path, cache, capsys, monkeyp
                       tmp_path / "run")
     errors = task.run(cfg)
     assert {"ms", "roofline_ms", "error_pct"} <= set(errors.columns)
-    for name in ("machine_profile.json", "profile_vs_roofline.csv", "profile_vs_roofline.png"):
+    for name in ("machine_profile.json", "profile_vs_roofline.csv", "profile_vs_roofline.png", "weight_streaming.csv"):
         assert (tmp_path / "run" / name).exists()
     assert set(errors["backend"]) == {"eager", "prepacked"}  # the asked backend beside the eager reference
     assert "choose_execution(tree_size=8)" in capsys.readouterr().out

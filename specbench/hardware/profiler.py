@@ -57,3 +57,35 @@ def _at_context(model, sizes, context: int, repeats: int, statistic: str) -> pd.
         rows.append({"context": context, "tokens": n, "ms": 1e3 * (timed[0] if statistic == "min" else
                                                                   timed[len(timed) // 2])})
     return pd.DataFrame(rows)
+
+
+@torch.inference_mode()
+def weight_streaming(model, sizes=(1, 2, 4, 8, 16, 32), repeats: int = 3) -> pd.DataFrame:
+    """ms and GB/s of the model's own linear layers multiplied one after another, as a forward does (so weights come
+    from memory, not from cache), with eager's F.linear and with oneDNN's prepacked layout: how close the GEMM library
+    gets to the read bandwidth at each width, which the roofline assumes it reaches."""
+    weights = [m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    gb = sum(w.numel() * w.element_size() for w in weights) / 1e9
+    layouts = {"eager": lambda x, w: torch.nn.functional.linear(x, w)}
+    try:
+        packed = {id(w): torch.ops.mkldnn._reorder_linear_weight(w) for w in weights}
+        layouts["prepacked"] = lambda x, w: torch.ops.mkldnn._linear_pointwise(x, packed[id(w)], None, "none", [], "")
+    except RuntimeError:  # oneDNN cannot pack this dtype on this CPU
+        pass
+    rows = []
+    for n in sizes:
+        inputs = {w.shape[1]: torch.randn(n, w.shape[1], dtype=w.dtype, device=w.device) for w in weights}
+        for name, matmul in layouts.items():
+            def chain():
+                for w in weights:
+                    matmul(inputs[w.shape[1]], w)
+            chain()
+            best = min(_timed(chain) for _ in range(repeats))
+            rows.append({"layout": name, "tokens": n, "ms": 1e3 * best, "gb_per_s": gb / best})
+    return pd.DataFrame(rows)
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start

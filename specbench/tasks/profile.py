@@ -13,6 +13,7 @@ from specbench.hardware.machine_profile import (as_spec, choose_execution, load_
                                                 roofline_error)
 from specbench.models.backends import AUTO
 from specbench.hardware.plots import profile_vs_roofline
+from specbench.hardware.profiler import weight_streaming
 from specbench.hardware.roofline import ModelShape
 from specbench.tasks._common import run_dir, setup_target
 
@@ -50,6 +51,12 @@ def run(cfg) -> pd.DataFrame:
         print(f"not measured: {name}: {reason}")
     for name, seconds in profile.compile_seconds.items():
         print(f"compile time {name}: {seconds:.0f} s (first forwards; inductor caches graphs across processes)")
+    streaming = weight_streaming(target.model, [n for n in cfg.eval.profile_sizes if n <= 32])
+    streaming.to_csv(out / "weight_streaming.csv", index=False)
+    print(f"the model's linear layers multiplied one after another ({target.model.dtype}), against the "
+          f"{peaks['mem_bandwidth_gbs']:.1f} GB/s a plain read reaches:")
+    print(streaming.pivot_table(index="layout", columns="tokens", values=["ms", "gb_per_s"]).to_string(
+        float_format=lambda v: f"{v:.1f}"))
     for n in (1, 8, 32):
         print(f"choose_execution(tree_size={n}): {choose_execution(profile, n, contexts[0], backends, dtypes)[2]}")
     title = (f"{target.name} on {info['cpu_model']} ({info['cpu_capability']}, {info['threads']} threads): "
