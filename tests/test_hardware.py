@@ -356,7 +356,8 @@ def test_task_profile_writes_the_table_and_plot(tmp_path, cache, capsys, monkeyp
                        "eval.profile_contexts=[8]", "eval.dtype=float32", "model.backend=prepacked"],
                       tmp_path / "run")
     errors = task.run(cfg)
-    assert {"ms", "roofline_ms", "error_pct"} <= set(errors.columns)
+    assert {"ms", "roofline_ms", "bound_ms", "error_pct"} <= set(errors.columns)
+    assert (errors["bound_ms"] < errors["roofline_ms"]).all()  # the fixed per-layer cost is left out of the bound
     for name in ("machine_profile.json", "profile_vs_roofline.csv", "profile_vs_roofline.png", "weight_streaming.csv"):
         assert (tmp_path / "run" / name).exists()
     assert set(errors["backend"]) == {"eager", "prepacked"}  # the asked backend beside the eager reference

@@ -40,13 +40,15 @@ def run(cfg) -> pd.DataFrame:
     errors = errors[errors["backend"].isin(backends) & errors["context"].isin(contexts)
                     & errors["tokens"].isin(list(cfg.eval.profile_sizes)) & errors["dtype"].isin(dtypes or errors["dtype"])]
     errors.to_csv(out / "profile_vs_roofline.csv", index=False)
-    errors = errors.assign(x_roofline=errors["ms"] / errors["roofline_ms"])
+    errors = errors.assign(x_roofline=errors["ms"] / errors["roofline_ms"], x_bound=errors["ms"] / errors["bound_ms"])
     with pd.option_context("display.width", 200, "display.precision", 1, "display.max_columns", 30):
-        print("L(n) measured (ms), the roofline of the measured peaks (ms), and measured / roofline:")
-        for what in ("ms", "roofline_ms", "x_roofline"):
-            keys = ["dtype", "context"] if what == "roofline_ms" else ["backend", "dtype", "context"]
+        print("L(n) measured (ms); the roofline of the measured peaks with the measured per-layer fixed cost, and the "
+              "bound without it (ms); measured / each:")
+        for what in ("ms", "roofline_ms", "bound_ms", "x_roofline", "x_bound"):
+            keys = ["dtype", "context"] if what.endswith("_ms") else ["backend", "dtype", "context"]
+            print(f"{what}:")
             print(errors.pivot_table(index=keys, columns="tokens", values=what).to_string(
-                float_format=lambda v: f"{v:.2f}" if what == "x_roofline" else f"{v:.1f}"))
+                float_format=lambda v: f"{v:.2f}" if what.startswith("x_") else f"{v:.1f}"))
     for name, reason in profile.machine.get("unsupported", {}).items():
         print(f"not measured: {name}: {reason}")
     for name, seconds in profile.compile_seconds.items():
