@@ -24,8 +24,8 @@ def _save(fig, path: Path) -> Path:
 
 
 def profile_vs_roofline(frame: pd.DataFrame, title: str, path: Path) -> Path:
-    """Measured L(n) per backend (marker, solid) and dtype (colour) against the dtype's roofline (dashed), one panel
-    per context; frame from machine_profile.roofline_error."""
+    """Measured L(n) per backend (marker, solid) and dtype (colour) against the dtype's roofline (dashed) and its bound
+    without the per-layer fixed cost (dotted), one panel per context; frame from machine_profile.roofline_error."""
     contexts = sorted(frame["context"].unique())
     fig, axes = plt.subplots(1, len(contexts), figsize=(5.2 * len(contexts), 5.2), sharey=True, squeeze=False)
     dtypes = list(dict.fromkeys(frame["dtype"]))
@@ -42,6 +42,9 @@ def profile_vs_roofline(frame: pd.DataFrame, title: str, path: Path) -> Path:
                             label=f"{backend} {dtype}")
             roof = rows.drop_duplicates("tokens").sort_values("tokens")
             ax.plot(roof["tokens"], roof["roofline_ms"], linestyle="--", color=f"C{i}", label=f"roofline {dtype}")
+            if "bound_ms" in roof:
+                ax.plot(roof["tokens"], roof["bound_ms"], linestyle=":", color=f"C{i}",
+                        label=f"bound {dtype} (no per-layer fixed cost)")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("tokens n in one forward (tree size)")
