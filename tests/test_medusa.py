@@ -156,8 +156,10 @@ def test_medusa2_decodes_with_its_tuned_backbone_losslessly(tiny, medusa2_artifa
     assert differs >= 2
 
 
-def test_the_evaluator_checks_medusa2_against_its_own_backbone(tmp_path, medusa2_artifact):
-    cfg = compose_cfg(["model=tiny_random", "eval.dtype=float32", "eval.num_prompts=3", "eval.max_new_tokens=24",
+@pytest.mark.parametrize("backend", ["eager", "prepacked"])
+def test_the_evaluator_checks_medusa2_against_its_own_backbone(tmp_path, medusa2_artifact, backend):
+    """On a fast backend too: the adapter is merged into a copy of the eager target, which then runs on the backend."""
+    cfg = compose_cfg(["model=tiny_random", f"model.backend={backend}", "eval.dtype=float32", "eval.num_prompts=3", "eval.max_new_tokens=24",
                        "eval.first_turn_only=true", "eval.warmup=0", "eval.memory_probe=false",
                        "eval.fastest_ar=false", "eval.latency_profile=false", "method=medusa",
                        f"method.checkpoint={medusa2_artifact}", "tree.budget=8"], tmp_path)
@@ -165,6 +167,7 @@ def test_the_evaluator_checks_medusa2_against_its_own_backbone(tmp_path, medusa2
     assert summary.loc["medusa", "lossless_reference"] == "autoregressive@medusa"
     assert summary.loc["medusa", "lossless_match"] == 1.0
     assert summary.loc["medusa", "model"].startswith("tiny_random+medusa2:")
+    assert summary.loc["medusa", "backend"] == backend
     assert summary.loc["autoregressive@medusa", "lossless_match"] < 1.0  # the tuned backbone's agreement with the original
     assert summary.loc["autoregressive", "lossless_reference"] == "autoregressive"
 
