@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import time
 
@@ -20,7 +21,7 @@ import torch
 from torch import nn
 
 from specbench.errors import SpecbenchError
-from specbench.models.loading import LoadedModel
+from specbench.models.loading import LoadedModel, shallow_view
 
 BACKENDS = ("eager", "prepacked", "compile")
 AUTO = "auto"
@@ -95,10 +96,8 @@ def with_backend(target: LoadedModel, backend: str) -> LoadedModel:
 
 
 def _prepacked(model: nn.Module) -> nn.Module:
-    import copy
-
-    clone = copy.copy(model)  # a new module tree whose leaves are shared until replaced
-    clone._modules = dict(model._modules)
+    """Views down every path to a linear (the leaves and other modules stay shared), each linear replaced."""
+    clone = shallow_view(model)
     stack = [clone]
     while stack:
         parent = stack.pop()
@@ -106,17 +105,13 @@ def _prepacked(model: nn.Module) -> nn.Module:
             if isinstance(child, nn.Linear):
                 parent._modules[name] = PackedLinear(child)
             elif child is not None and any(isinstance(m, nn.Linear) for m in child.modules()):
-                copied = copy.copy(child)
-                copied._modules = dict(child._modules)
-                parent._modules[name] = copied
-                stack.append(copied)
+                parent._modules[name] = shallow_view(child)
+                stack.append(parent._modules[name])
     return clone
 
 
 def _compiled(model: nn.Module) -> nn.Module:
-    import copy
-
-    clone = copy.copy(model)
+    clone = copy.copy(model)  # only its forward is replaced
     # Each call signature (prefill, a tree verify, with or without hidden states), a one-token step and a cropped
     # cache's strides get a graph of their own before dynamo generalises; more than its default limit of 8.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)

@@ -12,7 +12,7 @@ import copy
 import torch
 
 from specbench.errors import SpecbenchError
-from specbench.models.loading import LoadedModel
+from specbench.models.loading import LoadedModel, shallow_view
 
 
 def early_exit(target: LoadedModel, num_layers: int) -> LoadedModel:
@@ -29,18 +29,12 @@ def early_exit(target: LoadedModel, num_layers: int) -> LoadedModel:
     config.num_hidden_layers = num_layers
     if getattr(config, "layer_types", None):
         config.layer_types = config.layer_types[:num_layers]
-    view_base = _shallow_view(base)
+    view_base = shallow_view(base)
     view_base.layers = torch.nn.ModuleList(list(layers)[:num_layers])  # the same layer objects
     view_base.config = config
-    view = _shallow_view(model)
+    view = shallow_view(model)
     view.model = view_base
     view.config = config
     return LoadedModel(name=f"{target.name}[:{num_layers}]", model=view, tokenizer=target.tokenizer,
                        source=f"first {num_layers} layers of {target.source}")
 
-
-def _shallow_view(module: torch.nn.Module) -> torch.nn.Module:
-    """A copy whose child-module table can be changed without touching the original; parameters stay shared."""
-    view = copy.copy(module)
-    view._modules = dict(module._modules)
-    return view

@@ -54,6 +54,13 @@ def with_dtype(target: LoadedModel, dtype: str) -> LoadedModel:
     return dataclasses.replace(target, model=copy.deepcopy(target.model).to(torch_dtype(dtype)))
 
 
+def shallow_view(module: torch.nn.Module) -> torch.nn.Module:
+    """A copy whose child-module table can be changed without touching the original; parameters stay shared."""
+    view = copy.copy(module)
+    view._modules = dict(module._modules)
+    return view
+
+
 def torch_dtype(name: str) -> torch.dtype:
     if name not in DTYPES:
         raise SpecbenchError(f"dtype '{name}' is unknown; valid choices: {', '.join(DTYPES)}")

@@ -107,9 +107,10 @@ def run(cfg, overrides: list[str] | None = None) -> pd.DataFrame:
     records = evaluator.run()
 
     profile = _latency_profile(cfg, target, hw, out, machine, execution, context)
+    drafters = {r.label: r.drafter for r in evaluator.runs}
     summary = summarize(records, profile, partial(roofline_step_time, ModelShape.of(target.model), hw),
-                        evaluator.memory(), _drafter_costs({r.label: r.drafter for r in evaluator.runs}, hw))
-    summary = _with_streaming(summary, {r.label: r.drafter for r in evaluator.runs}, target, hw)
+                        evaluator.memory(), _drafter_costs(drafters, hw))
+    summary = _with_streaming(summary, drafters, target, hw)
     _write_summary(summary, out)
     plots = save_plots(decoded(records), summary, out / "plots", profile)
     log_run(build(cfg.logger) if cfg.get("logger") else None, cfg, summary, plots, out / "records.jsonl")
