@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 from transformers import DynamicCache
 
 from specbench.hardware.roofline import ModelShape, roofline_step_time
+from specbench.models.backends import PackedLinear, supported
 from specbench.hardware.spec import HardwareSpec
 from specbench.trees.token_tree import TokenTree
 from specbench.verification import verify_tree
@@ -62,23 +63,22 @@ def _at_context(model, sizes, context: int, repeats: int, statistic: str) -> pd.
 @torch.inference_mode()
 def weight_streaming(model, sizes=(1, 2, 4, 8, 16, 32), repeats: int = 3) -> pd.DataFrame:
     """ms and GB/s of the model's own linear layers multiplied one after another, as a forward does (so weights come
-    from memory, not from cache), with eager's F.linear and with oneDNN's prepacked layout: how close the GEMM library
+    from memory, not from cache), with eager's nn.Linear and with the prepacked backend's layers: how close the GEMM library
     gets to the read bandwidth at each width, which the roofline assumes it reaches."""
-    weights = [m.weight.detach() for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    gb = sum(w.numel() * w.element_size() for w in weights) / 1e9
-    layouts = {"eager": lambda x, w: torch.nn.functional.linear(x, w)}
-    try:
-        packed = {id(w): torch.ops.mkldnn._reorder_linear_weight(w) for w in weights}
-        layouts["prepacked"] = lambda x, w: torch.ops.mkldnn._linear_pointwise(x, packed[id(w)], None, "none", [], "")
-    except RuntimeError:  # oneDNN cannot pack this dtype on this CPU
-        pass
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    weight = linears[0].weight
+    gb = sum(m.weight.numel() * m.weight.element_size() for m in linears) / 1e9
+    layouts = {"eager": linears}
+    if supported("prepacked", weight.dtype, weight.device) is None:  # the prepacked backend's own layers
+        layouts["prepacked"] = [PackedLinear(m) for m in linears]
     rows = []
     for n in sizes:
-        inputs = {w.shape[1]: torch.randn(n, w.shape[1], dtype=w.dtype, device=w.device) for w in weights}
-        for name, matmul in layouts.items():
+        inputs = {m.in_features: torch.randn(n, m.in_features, dtype=weight.dtype, device=weight.device)
+                  for m in linears}
+        for name, layers in layouts.items():
             def chain():
-                for w in weights:
-                    matmul(inputs[w.shape[1]], w)
+                for layer in layers:
+                    layer(inputs[layer.in_features])
             chain()
             best = min(_timed(chain) for _ in range(repeats))
             rows.append({"layout": name, "tokens": n, "ms": 1e3 * best, "gb_per_s": gb / best})
