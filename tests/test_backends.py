@@ -154,3 +154,18 @@ def test_auto_runs_on_the_profiles_cheapest_verify_and_judges_it_against_the_fas
     assert tuple(summary.loc["pld", ["backend", "dtype"]]) == ("prepacked", "float32")  # L(8): 48 vs 90, 145 ms; L(1): bf16 40 < 41
     assert tuple(summary.loc["autoregressive@eager/bfloat16", ["backend", "dtype"]]) == ("eager", "bfloat16")
     assert summary.loc["pld", "fastest_ar"] in ("autoregressive", "autoregressive@eager/bfloat16")
+
+
+@pytest.mark.parametrize("task", ["eval", "profile"])
+@pytest.mark.parametrize("bad", ["[]", "[auto]", "[eager,tvm]"])
+def test_a_bad_list_of_backends_to_profile_is_refused_before_any_model_loads(task, bad, tmp_path, monkeypatch):
+    import importlib
+
+    from tests.conftest import compose_cfg
+
+    monkeypatch.setattr(f"specbench.tasks.{task}.setup_target", lambda *a, **k: pytest.fail("loaded a model"))
+    cfg = compose_cfg([f"task={task}", "model=tiny_random", "model.backend=auto", f"eval.profile_backends={bad}"],
+                      tmp_path)
+    with pytest.raises(SpecbenchError, match="eval.profile_backends=.* is invalid: give one or more of eager, "
+                                             "prepacked, compile"):
+        importlib.import_module(f"specbench.tasks.{task}").run(cfg)

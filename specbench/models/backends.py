@@ -32,6 +32,15 @@ def check_backend(name: str) -> None:
         raise SpecbenchError(f"model.backend='{name}' is unknown; valid choices: {AUTO}, {', '.join(BACKENDS)}")
 
 
+def check_profile_backends(names) -> list[str]:
+    """eval.profile_backends as a list: the backends auto chooses among, at least one, auto itself not one."""
+    names = list(names)
+    bad = [n for n in names if n not in BACKENDS]
+    if not names or bad:
+        raise SpecbenchError(f"eval.profile_backends={names} is invalid: give one or more of {', '.join(BACKENDS)}")
+    return names
+
+
 def supported(backend: str, dtype: torch.dtype, device: torch.device) -> str | None:
     """None when `backend` can run `dtype` on `device`, else why not (one line)."""
     check_backend(backend)

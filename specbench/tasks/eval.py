@@ -28,7 +28,7 @@ from specbench.acceptance.exact import ExactAcceptance
 from specbench.drafters.autoregressive import AutoregressiveDrafter
 from specbench.drafters.medusa import MedusaDrafter
 from specbench.evaluation.precision import AUTO, check_dtype, plan
-from specbench.models.backends import check_backend, with_backend
+from specbench.models.backends import check_backend, check_profile_backends, with_backend
 from specbench.hardware.llmcad import project_llmcad
 from specbench.hardware.machine_profile import load_or_measure_profile
 from specbench.hardware.spec import MEASURED
@@ -52,6 +52,7 @@ def run(cfg, overrides: list[str] | None = None) -> pd.DataFrame:
                             memory_probe=cfg.eval.memory_probe, batch_size=cfg.eval.batch_size)
     check_dtype(cfg.eval.dtype)
     check_backend(cfg.model.backend)
+    profile_backends = check_profile_backends(cfg.eval.profile_backends)
     sampling = SamplingParams(**cfg.sampling)
     if cfg.eval.hf_generate:
         check_greedy(sampling)
@@ -65,7 +66,7 @@ def run(cfg, overrides: list[str] | None = None) -> pd.DataFrame:
     sized = any(isinstance(t, HardwareAwarePolicy) for t in trees)
     backend = cfg.model.backend
     wants_profile = AUTO in (cfg.eval.dtype, backend) or cfg.eval.fastest_ar or sized
-    backends = list(cfg.eval.profile_backends) if backend == AUTO or cfg.eval.fastest_ar else [backend]
+    backends = profile_backends if backend == AUTO or cfg.eval.fastest_ar else [backend]
     machine = load_or_measure_profile(loaded, backends=backends) if wants_profile else None
     context = cfg.eval.profile_context + cfg.eval.max_new_tokens / 2
     execution = plan(cfg.eval.dtype, backend, machine, float(np.mean([t.budget for t in trees])), context)

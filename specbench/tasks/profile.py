@@ -11,7 +11,7 @@ import pandas as pd
 
 from specbench.hardware.machine_profile import (as_spec, choose_execution, load_or_measure_profile,
                                                 roofline_error)
-from specbench.models.backends import AUTO
+from specbench.models.backends import AUTO, check_backend, check_profile_backends
 from specbench.hardware.plots import profile_vs_roofline
 from specbench.hardware.profiler import weight_streaming
 from specbench.hardware.roofline import ModelShape
@@ -21,10 +21,12 @@ from specbench.tasks._common import run_dir, setup_target
 def run(cfg) -> pd.DataFrame:
     out = run_dir(cfg)
     out.mkdir(parents=True, exist_ok=True)
+    backend = cfg.model.backend
+    check_backend(backend)
+    backends = check_profile_backends(cfg.eval.profile_backends) if backend == AUTO \
+        else list(dict.fromkeys(["eager", backend]))
     hw, target = setup_target(cfg)
     contexts = list(cfg.eval.profile_contexts)
-    backend = cfg.model.backend
-    backends = list(cfg.eval.profile_backends) if backend == AUTO else list(dict.fromkeys(["eager", backend]))
     dtypes = None if cfg.eval.dtype == AUTO else [cfg.eval.dtype]
     profile = load_or_measure_profile(target, dtypes=dtypes, sizes=list(cfg.eval.profile_sizes), contexts=contexts,
                                       repeats=cfg.eval.profile_repeats, backends=backends)
