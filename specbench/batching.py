@@ -100,11 +100,11 @@ class BatchDecoder(Decoder):
 
         start = self._clock()
         chains = [TokenTree.chain(p[0], p[1:]) for p in prompts]
-        extras = [self._prefill_extras(d, c) for d, c in zip(drafters, chains)]
-        if all(e is None for e in extras):
+        prefill_extras = [self._prefill_extras(d, c) for d, c in zip(drafters, chains)]
+        if all(e is None for e in prefill_extras):
             lasts, pouts = prefill_batch(self.model, cache, prompts, want_hidden), None
         else:  # Decoder.generate's prefill with extras, batched: a step on an empty cache that commits the prompts
-            pouts = verify_batch(self.model, cache, chains, [0] * b, want_hidden, extras)
+            pouts = verify_batch(self.model, cache, chains, [0] * b, want_hidden, prefill_extras)
             commit_batch(cache, [0] * b, 0, [list(range(len(p))) for p in prompts])
             lasts = [output_row(out, len(p) - 1) for out, p in zip(pouts, prompts)]
         states = []
@@ -112,7 +112,7 @@ class BatchDecoder(Decoder):
             first = self.sampling.sample(last.logits[0], generator)
             states.append(DecodeState(tokens=list(prompt) + [first], prompt_len=len(prompt), last=last))
             drafter.reset(states[-1])
-            if extras[k] is not None:
+            if prefill_extras[k] is not None:
                 drafter.observe(StepOutcome(chains[k], list(range(len(prompt))), first, pouts[k]))
         prefill_time = self._clock() - start
         run = self.last_run = BatchRun(b, prefill_time, 0.0, kv_peak_bytes=cache_bytes(cache))
