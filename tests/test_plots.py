@@ -30,7 +30,7 @@ def twelve_methods(seed=0):
                                 "accept_lengths": acc, **PROV})
         s = float(rng.uniform(0.7, 1.7)) if budget else 1.0
         rows.append({"method": label, "num_prompts": 2 * len(CATEGORIES), "tau": float(rng.uniform(1, 2)),
-                     "speedup_paired": s, "speedup_ci_low": s - 0.1, "speedup_ci_high": s + 0.1,
+                     "speedup": s, "speedup_ci_low": s - 0.1, "speedup_ci_high": s + 0.1,
                      "per_depth_acceptance": json.dumps(sorted(rng.uniform(0.1, 0.8, 3).tolist(), reverse=True)),
                      "drafter_mb": float(rng.uniform(0, 50)), "kv_peak_mb": float(rng.uniform(3, 6)),
                      "peak_alloc_mb": float(rng.uniform(8, 20)), **PROV})

@@ -12,8 +12,9 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-SCALARS = ["tau", "tokens_per_s", "decode_tokens_per_s", "speedup", "overhead", "ideal_speedup", "efficiency",
-           "projected_speedup", "lossless_match", "method_mem_mb", "framework_ms_per_step", "speedup_paired"]
+SCALARS = ["tau", "tokens_per_s", "decode_tokens_per_s", "speedup", "speedup_ci_low", "speedup_ci_high", "overhead",
+           "ideal_speedup", "efficiency", "projected_speedup", "lossless_match", "method_mem_mb", "framework_ms_per_step",
+           "speedup_mean_of_ratios", "speedup_vs_baseline"]
 
 
 def log_run(logger, cfg: DictConfig, summary: pd.DataFrame, plots: list[Path], records: Path | None = None) -> None:

@@ -31,6 +31,7 @@ BASELINE = AutoregressiveDrafter.name
 COLORS = [c for i, c in enumerate(plt.get_cmap("tab10").colors) if i != 7] + ["#000000", "#8c6d31", "#393b79"]
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "<", ">", "*", "h", "p"]
 FORMATS = ("png", "pdf")
+SPEEDUP_LABEL = "speedup over the fastest plain decoding ({}) (x)\nratio of means, 95% paired bootstrap CI"
 
 
 def style(i: int) -> dict:
@@ -119,16 +120,20 @@ def save(fig: Figure, stem: Path) -> list[Path]:
 
 
 def speed_figure(summary: pd.DataFrame) -> Figure:
-    """Paired speedup with its 95% interval (the baseline's is 1 by definition), and tau, one bar per method."""
+    """The headline speedup (ratio of means against the fastest plain decoding) with its 95% paired bootstrap
+    interval, and tau, one bar per method."""
     n = len(summary)
     fig, (ax1, ax2) = plt.subplots(1, 2, sharey=True, figsize=(10, 1.6 + 0.32 * n))
     y = np.arange(n)
     colors = [method_styles(summary["method"])[m]["color"] for m in summary["method"]]
-    mean = summary["speedup_paired"].to_numpy(dtype=float)
+    mean = summary["speedup"].to_numpy(dtype=float)
     err = np.vstack([mean - summary["speedup_ci_low"], summary["speedup_ci_high"] - mean]).clip(min=0)
     ax1.barh(y, mean, xerr=np.nan_to_num(err), capsize=3, color=colors)
+    for yi, value in enumerate(mean):
+        if np.isfinite(value):
+            ax1.text(value, yi, f" {value:.2f}x", va="center", ha="left", fontsize=7)
     ax1.axvline(1.0, color="grey", lw=0.8, ls="--")
-    ax1.set_xlabel("speedup over plain decoding (x), mean of per-prompt ratios, 95% CI")
+    ax1.set_xlabel(SPEEDUP_LABEL.format(_fastest(summary)))
     ax2.barh(y, summary["tau"], color=colors)
     ax2.axvline(1.0, color="grey", lw=0.8, ls="--")
     ax2.set_xlabel("tau (tokens per target forward)")
@@ -139,12 +144,12 @@ def speed_figure(summary: pd.DataFrame) -> Figure:
 
 def budget_figure(table: pd.DataFrame, budget: str = "tree_budget", family: str = "method_name",
                   throughput: bool = False) -> Figure:
-    """Paired speedup (95% CI) and tau against the tree budget (or another swept setting), one line per method
+    """The headline speedup (95% CI) and tau against the tree budget (or another swept setting), one line per method
     family (medusa-8, medusa-16 and medusa-32 are one line); plain decoding is the dashed line at 1. throughput: a
     panel of the batch's tokens/s over plain decoding's too (batch sweeps)."""
     rows = _drafting(table, budget)
     panels = [(m, label) for m, label, shown in (
-        ("speedup_paired", "speedup over plain decoding (x), 95% CI", True),
+        ("speedup", SPEEDUP_LABEL.format(_fastest(table)), True),
         ("throughput_speedup", "throughput over plain decoding's (x)", throughput),
         ("tau", "tau (tokens per target forward)", True)) if shown and m in table]  # old summaries lack some
     fig, axes = plt.subplots(1, len(panels), squeeze=False, figsize=(5.5 * len(panels), 4.2))
@@ -154,7 +159,7 @@ def budget_figure(table: pd.DataFrame, budget: str = "tree_budget", family: str 
         grp = grp.sort_values(budget)
         x = grp[budget] * _dodge(i, len(groups))
         for ax, (metric, _) in zip(axes, panels):
-            if metric == "speedup_paired":
+            if metric == "speedup":
                 mean = grp[metric].to_numpy(dtype=float)
                 err = np.vstack([mean - grp["speedup_ci_low"], grp["speedup_ci_high"] - mean]).clip(min=0)
                 ax.errorbar(x, mean, yerr=np.nan_to_num(err), capsize=3, label=name, **style(i))
@@ -169,9 +174,10 @@ def budget_figure(table: pd.DataFrame, budget: str = "tree_budget", family: str 
 
 
 def category_figure(records: pd.DataFrame, summary: pd.DataFrame) -> Figure:
-    """Speedup per category: a method's tokens/s over plain decoding's on that category's prompts (Spec-Bench's
-    ratio of means), tau written at each bar. One panel per category, methods in the summary's order."""
+    """Speedup per category: a method's tokens/s over the fastest plain decoding's on that category's prompts
+    (Spec-Bench's ratio of means), tau written at each bar. One panel per category, methods in the summary's order."""
     methods = [m for m in summary["method"] if not _is_baseline(m)]
+    fastest = _fastest(summary)
     categories = list(dict.fromkeys(records["category"]))
     rate = records.groupby(["category", "method"])[["new_tokens", "wall_time"]].sum()
     speed = rate["new_tokens"] / rate["wall_time"]
@@ -184,7 +190,7 @@ def category_figure(records: pd.DataFrame, summary: pd.DataFrame) -> Figure:
     y = np.arange(len(methods))
     colors = [method_styles(summary["method"])[m]["color"] for m in methods]
     for ax, cat in zip(axes.flat, categories):
-        ratio = [speed.get((cat, m), np.nan) / speed.get((cat, BASELINE), np.nan) for m in methods]
+        ratio = [speed.get((cat, m), np.nan) / speed.get((cat, fastest), np.nan) for m in methods]
         ax.barh(y, ratio, color=colors)
         ax.axvline(1.0, color="grey", lw=0.8, ls="--")
         for yi, (r, m) in enumerate(zip(ratio, methods)):
@@ -196,9 +202,9 @@ def category_figure(records: pd.DataFrame, summary: pd.DataFrame) -> Figure:
     for ax in axes.flat[len(categories):]:
         ax.set_visible(False)
     for ax in axes[-1]:
-        ax.set_xlabel("speedup (x)")
+        ax.set_xlabel(f"speedup over {fastest} (x)")
     axes[0, 0].invert_yaxis()
-    return _finish(fig, "Speedup per category (tokens/s over plain decoding's, τ at each bar)", summary)
+    return _finish(fig, "Speedup per category (tokens/s over the fastest plain decoding's, τ at each bar)", summary)
 
 
 def per_depth_figure(summary: pd.DataFrame) -> Figure:
@@ -305,6 +311,12 @@ def alpha_figure(records: pd.DataFrame, summary: pd.DataFrame) -> Figure:
     ax.set_title("drafting stops once the best branch's confidence falls below alpha", fontsize=8)
     _legend_outside(ax)
     return _finish(fig, "LLMCad's adaptive verification threshold over one generation", summary)
+
+
+def _fastest(table: pd.DataFrame) -> str:
+    """The plain decoding every speedup in `table` is judged against (older summaries: the baseline)."""
+    names = list(dict.fromkeys(table["fastest_ar"].dropna())) if "fastest_ar" in table else []
+    return ", ".join(map(str, names)) or BASELINE
 
 
 def _drafting(table: pd.DataFrame, budget: str) -> pd.DataFrame:
