@@ -53,7 +53,7 @@ def _is_baseline(label: str) -> bool:
 def caption(summary: pd.DataFrame) -> str:
     def one(key):
         return ", ".join(str(v) for v in dict.fromkeys(summary[key])) if key in summary else "?"
-    return (f"{one('model')} | hw {one('hw')} | {one('dtype')} | {one('dataset')} | "
+    return (f"{one('model')} | hw {one('hw')} | {one('backend')} | {one('dtype')} | {one('dataset')} | "
             f"{int(summary['num_prompts'].max())} prompts | {one('cpu_capability')}")
 
 
@@ -129,9 +129,11 @@ def speed_figure(summary: pd.DataFrame) -> Figure:
     mean = summary["speedup"].to_numpy(dtype=float)
     err = np.vstack([mean - summary["speedup_ci_low"], summary["speedup_ci_high"] - mean]).clip(min=0)
     ax1.barh(y, mean, xerr=np.nan_to_num(err), capsize=3, color=colors)
-    for yi, value in enumerate(mean):
+    right = np.fmax(mean, summary["speedup_ci_high"].to_numpy(dtype=float))  # the label clears the error bar
+    for yi, (value, x) in enumerate(zip(mean, right)):
         if np.isfinite(value):
-            ax1.text(value, yi, f" {value:.2f}x", va="center", ha="left", fontsize=7)
+            ax1.text(x, yi, f"  {value:.2f}x", va="center", ha="left", fontsize=7)
+    ax1.set_xlim(0, 1.15 * np.nanmax(right))
     ax1.axvline(1.0, color="grey", lw=0.8, ls="--")
     ax1.set_xlabel(SPEEDUP_LABEL.format(_fastest(summary)))
     ax2.barh(y, summary["tau"], color=colors)
@@ -177,7 +179,8 @@ def category_figure(records: pd.DataFrame, summary: pd.DataFrame) -> Figure:
     """Speedup per category: a method's tokens/s over the fastest plain decoding's on that category's prompts
     (Spec-Bench's ratio of means), tau written at each bar. One panel per category, methods in the summary's order."""
     methods = [m for m in summary["method"] if not _is_baseline(m)]
-    fastest = _fastest(summary)
+    fastest = summary["fastest_ar"].dropna().iloc[0] if summary.get("fastest_ar", pd.Series()).notna().any() \
+        else BASELINE
     categories = list(dict.fromkeys(records["category"]))
     rate = records.groupby(["category", "method"])[["new_tokens", "wall_time"]].sum()
     speed = rate["new_tokens"] / rate["wall_time"]
@@ -316,6 +319,9 @@ def alpha_figure(records: pd.DataFrame, summary: pd.DataFrame) -> Figure:
 def _fastest(table: pd.DataFrame) -> str:
     """The plain decoding every speedup in `table` is judged against (older summaries: the baseline)."""
     names = list(dict.fromkeys(table["fastest_ar"].dropna())) if "fastest_ar" in table else []
+    if len(names) == 1 and {"backend", "dtype"} <= set(table) and (table["method"] == names[0]).any():
+        row = table[table["method"] == names[0]].iloc[0]  # name its execution: which plain decoding was fastest
+        return f"{names[0]}, {row['backend']}/{row['dtype']}"
     return ", ".join(map(str, names)) or BASELINE
 
 

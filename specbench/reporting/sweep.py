@@ -12,6 +12,7 @@ import pandas as pd
 import yaml
 from hydra.experimental.callback import Callback
 
+from specbench.reporting.paper_table import report_after_run
 from specbench.reporting.plots import save_sweep_plots
 
 
@@ -49,4 +50,7 @@ def _job_order(summary: Path) -> tuple[int, str]:
 
 class SweepSummary(Callback):
     def on_multirun_end(self, config, **kwargs) -> None:
-        sweep_summary(config.hydra.sweep.dir)
+        """The sweep's table and plots, and a seed experiment's report (our numbers beside the paper's) from them."""
+        if sweep_summary(config.hydra.sweep.dir) is not None and config.get("report"):
+            command = " ".join(["python run.py -m", *config.hydra.overrides.task])
+            report_after_run(config.report, config.hydra.sweep.dir, command)

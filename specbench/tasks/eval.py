@@ -15,6 +15,7 @@ from functools import partial
 import numpy as np
 import pandas as pd
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 
 from specbench.config import build
 from specbench.evaluation.evaluator import EvalSettings, Evaluator, MethodRun
@@ -35,9 +36,11 @@ from specbench.hardware.spec import MEASURED
 from specbench.trees.hardware_aware import HardwareAwarePolicy
 from specbench.models.loading import with_dtype
 from specbench.reporting.loggers import log_run
+from specbench.reporting.paper_table import report_after_run
 from specbench.reporting.plots import save_plots
 from specbench.sampling import SamplingParams
 from specbench.tasks._common import run_dir, setup_target
+from specbench.tasks.report import command_line
 
 # the printed table: speedup is the headline (ratio of means against the fastest plain decoding, `fastest_ar`)
 TABLE = ["method", "backend", "dtype", "tau", "tokens_per_s", "speedup", "speedup_ci_low", "speedup_ci_high",
@@ -126,6 +129,8 @@ def run(cfg, overrides: list[str] | None = None) -> pd.DataFrame:
         print(f"note: {cut} prompt(s) per method have prompt + eval.max_new_tokens={cfg.eval.max_new_tokens} past the "
               f"model's context of {target.max_context} tokens, so their answers may stop early (cut_by_context)")
     print(f"run folder: {out}")
+    if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:  # a sweep reports once, at its end
+        report_after_run(cfg.get("report"), out, command_line(cfg))
     return summary
 
 

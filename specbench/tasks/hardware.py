@@ -21,7 +21,9 @@ from specbench.errors import SpecbenchError
 from specbench.hardware import ghidorah, llmcad, plots
 from specbench.hardware.roofline import named_shape, op_costs, project, roofs, sssd_free_budget
 from specbench.hardware.spec import BYTES_PER, HardwareSpec
+from specbench.reporting.paper_table import report_after_run
 from specbench.tasks._common import run_dir
+from specbench.tasks.report import command_line
 
 HW_DIR = Path(__file__).resolve().parents[2] / "conf" / "hw"
 DEFAULTS = {"model": "llama2_7b", "draft": "tinyllama_1.1b", "context": 256, "tau": "mbpp", "budget_gb": 4.0,
@@ -110,4 +112,5 @@ def run(cfg) -> dict:
     for name, table in tables.items():
         table.to_csv(out / f"{name}.csv", index=False)
     print(f"\nrun folder: {out}")
+    report_after_run(cfg.get("report"), out, command_line(cfg))
     return tables
