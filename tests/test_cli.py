@@ -56,11 +56,16 @@ def test_a_prompt_longer_than_the_context_is_skipped_and_counted(tmp_path):
     rows = [{"question_id": "long", "category": "x", "turns": ["word " * 200]},
             {"question_id": "short", "category": "x", "turns": ["hi"]}]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    proc = run([*TINY, "model.max_context=64", "dataset=jsonl", f"dataset.path={data}"], tmp_path)
+    proc = run([*TINY, "model.max_context=64", "dataset=jsonl", f"dataset.path={data}", "eval.max_new_tokens=60"],
+               tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert {r["method"]: (r["skipped_prompts"], r["num_prompts"]) for r in summary} == {
         "autoregressive": (1, 1), "pld": (1, 1)}
+    # the short prompt fits, but not with 60 new tokens: counted, and named with where it is cut
+    assert {r["method"]: r["cut_by_context"] for r in summary} == {"autoregressive": 1, "pld": 1}
+    assert "1 prompt(s) plus eval.max_new_tokens=60 pass the model's context of 64 tokens" in proc.stdout
+    assert "short (turn 1," in proc.stdout
 
 
 def test_settings_are_checked_before_any_model_or_data_loads(tmp_path):

@@ -70,3 +70,17 @@ def test_every_seed_experiment_names_a_valid_paper_yaml_and_pins_what_it_measure
         wanted = {v for row in paper["rows"] for sel in (row["where"], row.get("over") or {})
                   for k, v in sel.items() if k == "method"}
         assert wanted <= labels, wanted - labels
+
+
+def test_re_rendering_from_the_shipped_copy_keeps_it_and_a_projection_names_its_hw(tmp_path):
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "config.yaml").write_text("hw: {name: jetson}\n")
+    pd.DataFrame({"partition": ["hcmp"], "best_width": [16]}).to_csv(run / "ghidorah.csv", index=False)
+    paper = paper_yaml(tmp_path / "paper.yaml", [{"quantity": "W", "paper": 16, "where": {"partition": "hcmp"},
+                                                  "column": "best_width"}], table="ghidorah.csv")
+    out = tmp_path / "seed"
+    write_report(run, paper, out, "first")
+    md = write_report(out / "run", paper, out, "again").read_text()
+    assert (out / "run" / "ghidorah.csv").exists() and "again" in md
+    assert "conf/hw/jetson.yaml" in md

@@ -89,11 +89,16 @@ def _selector(where: dict) -> str:
     return ", ".join(f"{k}={v}" for k, v in where.items())
 
 
-def machine_line(table: pd.DataFrame) -> str:
-    """Where the numbers were made: the provenance columns of the run's table (a projection has none)."""
+def machine_line(table: pd.DataFrame, run: Path) -> str:
+    """Where the numbers were made: the provenance columns of the run's table; a projection has none, so the hw
+    spec it projects to is named (from the run's Hydra config)."""
     parts = [f"{k} {', '.join(map(str, dict.fromkeys(table[k].dropna())))}" for k in MACHINE
              if k in table and table[k].notna().any()]
-    return "; ".join(parts) or "none: a projection from a hardware spec, nothing measured"
+    if parts:
+        return "; ".join(parts)
+    config = next(iter(sorted(run.glob("**/.hydra/config.yaml"))), None)
+    hw = (yaml.safe_load(config.read_text()) or {}).get("hw", {}).get("name") if config else None
+    return f"none measured: a projection onto the hardware spec conf/hw/{hw or '?'}.yaml"
 
 
 def to_markdown(frame: pd.DataFrame, paper: dict, command: str, machine: str) -> str:
@@ -125,6 +130,16 @@ def write_report(run: str | Path, paper_path: str | Path, out: str | Path, comma
     frame = paper_table(table, paper)
     out.mkdir(parents=True, exist_ok=True)
     shipped = out / "run"
+    if shipped.resolve() != run.resolve():  # re-rendering from the shipped copy itself keeps it
+        _ship(run, shipped)
+    frame.to_csv(out / "results.csv", index=False, float_format="%.4g")
+    target = out / "results.md"
+    target.write_text(to_markdown(frame, paper, command, machine_line(table, run)), encoding="utf-8")
+    return target
+
+
+def _ship(run: Path, shipped: Path) -> None:
+    """The run folder's small files (records, settings, summaries, plots, Hydra's config) copied beside the table."""
     if shipped.exists():
         shutil.rmtree(shipped)
     for path in sorted(run.rglob("*")):
@@ -132,10 +147,6 @@ def write_report(run: str | Path, paper_path: str | Path, out: str | Path, comma
         if path.is_file() and path.stat().st_size <= SHIP_LIMIT and not SKIPPED & set(rel.parts):
             (shipped / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(path, shipped / rel)
-    frame.to_csv(out / "results.csv", index=False, float_format="%.4g")
-    target = out / "results.md"
-    target.write_text(to_markdown(frame, paper, command, machine_line(table)), encoding="utf-8")
-    return target
 
 
 def report_after_run(report_cfg, run: str | Path, command: str) -> Path | None:

@@ -124,14 +124,22 @@ def run(cfg, overrides: list[str] | None = None) -> pd.DataFrame:
         print(summary[TABLE].to_string(index=False))
     print(f"speedup: ratio of means against the fastest plain decoding here ({summary['fastest_ar'].iloc[0]}), "
           "95% paired bootstrap CI")
-    cut = int(summary["cut_by_context"].max())
-    if cut:
-        print(f"note: {cut} prompt(s) per method have prompt + eval.max_new_tokens={cfg.eval.max_new_tokens} past the "
-              f"model's context of {target.max_context} tokens, so their answers may stop early (cut_by_context)")
+    _note_cut(decoded(records), cfg.eval.max_new_tokens, target.max_context)
     print(f"run folder: {out}")
     if not HydraConfig.initialized() or HydraConfig.get().mode != RunMode.MULTIRUN:  # a sweep reports once, at its end
         report_after_run(cfg.get("report"), out, command_line(cfg))
     return summary
+
+
+def _note_cut(records: pd.DataFrame, max_new_tokens: int, max_context: int) -> None:
+    """Name the prompts whose prompt + max_new_tokens pass the context: their answers may stop early."""
+    cut = records[records["prompt_len"] + max_new_tokens > max_context].drop_duplicates(["question_id", "turn"])
+    if len(cut):
+        shown = ", ".join(f"{q} (turn {t + 1}, {n} tokens)" for q, t, n in
+                          cut[["question_id", "turn", "prompt_len"]].head(5).itertuples(index=False))
+        print(f"note: {len(cut)} prompt(s) plus eval.max_new_tokens={max_new_tokens} pass the model's context of "
+              f"{max_context} tokens, so their answers may stop early (cut_by_context): {shown}"
+              + (", ..." if len(cut) > 5 else ""))
 
 
 def _with_streaming(summary: pd.DataFrame, drafters: dict, target, hw) -> pd.DataFrame:
