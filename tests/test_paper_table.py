@@ -23,7 +23,8 @@ def paper_yaml(path: Path, rows: list[dict], table: str = "summary.csv") -> Path
 def run_folder(path: Path) -> Path:
     path.mkdir()
     pd.DataFrame({"method": ["autoregressive", "medusa-8", "chain"], "tau": [1.0, 1.5, 1.2],
-                  "tokens_per_s": [30.0, 36.0, 24.0], "cpu_capability": "AVX512",
+                  "tokens_per_s": [30.0, 36.0, 24.0], "tau_ci_low": [1.0, 1.4, 1.1], "tau_ci_high": [1.0, 1.6, 1.3],
+                  "cpu_capability": "AVX512",
                   "git_commit": "abc"}).to_csv(path / "summary.csv", index=False)
     (path / "records.jsonl").write_text('{"method": "medusa-8"}\n')
     (path / ".lock").write_text("123")
@@ -43,7 +44,7 @@ def test_the_table_reads_each_quantity_from_the_run_and_divides_by_the_paper(tmp
     assert pd.isna(table.loc["ours only", "paper"]) and table.loc["ours only", "ours"] == 1.2
     assert table.loc["tree over chain", "ours"] == pytest.approx(1.5)
     assert (table["kind"] == "MEASURED").all()
-    assert "AVX512" in md and "python run.py experiment=x" in md and "| tau | method=medusa-8 | 3 | 1.5 | 0.5 |" in md
+    assert "AVX512" in md and "python run.py experiment=x" in md and "| tau | method=medusa-8 | 3 | 1.5 [1.4, 1.6] | 0.5 |" in md
     assert (out / "run" / "records.jsonl").exists() and not (out / "run" / ".lock").exists()  # records ship
 
 

@@ -31,7 +31,7 @@ BASELINE = AutoregressiveDrafter.name
 COLORS = [c for i, c in enumerate(plt.get_cmap("tab10").colors) if i != 7] + ["#000000", "#8c6d31", "#393b79"]
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "<", ">", "*", "h", "p"]
 FORMATS = ("png", "pdf")
-SPEEDUP_LABEL = "speedup over the fastest plain decoding ({}) (x)\nratio of means, 95% paired bootstrap CI"
+SPEEDUP_LABEL = "speedup over the fastest plain decoding (x)\n{}: ratio of means, 95% CI"
 
 
 def style(i: int) -> dict:
@@ -61,9 +61,17 @@ def with_budgets(summary: pd.DataFrame, settings: dict) -> pd.DataFrame:
     """The summary with each label's method_name and tree_budget (nodes per verification forward), read from the
     run's settings.json; the baseline has no tree (NaN)."""
     methods = settings["methods"]
+
+    def budget(label: str, mean_tree: float) -> float:
+        """A hardware-aware tree's budget is only its cap: it is plotted at the size it chose (the mean rows)."""
+        tree = methods.get(label, {}).get("tree", {})
+        sized = str(tree.get("_target_", "")).endswith("HardwareAwarePolicy")
+        return float(np.round(mean_tree)) if sized and np.isfinite(mean_tree) else tree.get("budget", np.nan)
+
+    mean_tree = summary["mean_tree_size"] if "mean_tree_size" in summary else pd.Series(np.nan, index=summary.index)
     return summary.assign(
         method_name=[methods.get(m, {}).get("method", {}).get("name", m) for m in summary["method"]],
-        tree_budget=[methods.get(m, {}).get("tree", {}).get("budget", np.nan) for m in summary["method"]])
+        tree_budget=[budget(m, t) for m, t in zip(summary["method"], mean_tree)])
 
 
 def save_plots(records: pd.DataFrame, summary: pd.DataFrame, out_dir: str | Path,
