@@ -22,7 +22,7 @@ def run(cfg):
     run_folder = project_path(report.run)
     if not run_folder.is_dir():
         raise SpecbenchError(f"report.run='{report.run}' is not a folder; give the run or sweep folder to read")
-    return report_after_run(report, run_folder, command_line(cfg))
+    return report_after_run(report, run_folder, command_line(cfg, multirun=(run_folder / "multirun.yaml").exists()))
 
 
 def command_line(cfg, multirun: bool = False) -> str:
