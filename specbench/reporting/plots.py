@@ -31,7 +31,7 @@ BASELINE = AutoregressiveDrafter.name
 COLORS = [c for i, c in enumerate(plt.get_cmap("tab10").colors) if i != 7] + ["#000000", "#8c6d31", "#393b79"]
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "<", ">", "*", "h", "p"]
 FORMATS = ("png", "pdf")
-SPEEDUP_LABEL = "speedup over the fastest plain decoding (x)\n{}: ratio of means, 95% CI"
+SPEEDUP_LABEL = "speedup (x), ratio of means, 95% CI,\nover the fastest plain decoding:\n{}"
 
 
 def style(i: int) -> dict:
