@@ -39,7 +39,8 @@ def train(cfg: DictConfig, run_dir: Path, callbacks: list | None = None) -> dict
     method = cfg.method.name
     tcfg = OmegaConf.select(cfg, "method.train")
     if tcfg is None:
-        raise SpecbenchError(f"method={method} has nothing to train; trainable methods: medusa, ppd, draft_model")
+        raise SpecbenchError(f"method={method} has nothing to train; trainable methods: medusa, ppd, draft_model, "
+                             f"eagle")
     run_dir.mkdir(parents=True, exist_ok=True)
     target = build(cfg.model, dtype=tcfg.dtype)
     extra = {"tokenizer": target.tokenizer} if get_class(tcfg.module._target_).needs_tokenizer else {}

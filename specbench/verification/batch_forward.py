@@ -16,11 +16,12 @@ from __future__ import annotations
 import torch
 
 from specbench.trees.token_tree import TokenTree
-from specbench.verification.tree_forward import VerifyOutput
+from specbench.verification.tree_forward import VerifyOutput, selected_hidden
 
 
 @torch.inference_mode()
-def prefill_batch(model, cache, prompts: list[list[int]], want_hidden: bool = False) -> list[VerifyOutput]:
+def prefill_batch(model, cache, prompts: list[list[int]], want_hidden: bool | tuple[int, ...] = False
+                  ) -> list[VerifyOutput]:
     """Prefill prompts of different lengths, right-padded, in one forward; the outputs at each prompt's last token.
 
     With right padding the model's own causal mask is already correct for every real token (padding only ever comes
@@ -33,7 +34,8 @@ def prefill_batch(model, cache, prompts: list[list[int]], want_hidden: bool = Fa
         ids[i, : len(p)] = torch.tensor(p, dtype=torch.long)
     out = model(input_ids=ids.to(model.device), past_key_values=cache, use_cache=True,
                 output_hidden_states=want_hidden)
-    return [VerifyOutput(out.logits[i, n - 1: n].float(), out.hidden_states[-1][i, n - 1: n] if want_hidden else None)
+    hidden = selected_hidden(out, want_hidden)
+    return [VerifyOutput(out.logits[i, n - 1: n].float(), None if hidden is None else hidden[i, n - 1: n])
             for i, n in enumerate(lengths)]
 
 
@@ -68,7 +70,8 @@ def batch_tree_mask(joints: list[TokenTree], committed: list[int], past_len: int
 
 
 @torch.inference_mode()
-def verify_batch(model, cache, trees: list[TokenTree], committed: list[int], want_hidden: bool = False,
+def verify_batch(model, cache, trees: list[TokenTree], committed: list[int],
+                 want_hidden: bool | tuple[int, ...] = False,
                  extras: list[tuple[torch.Tensor, torch.Tensor] | None] | None = None) -> list[VerifyOutput]:
     """One target forward over every sequence's tree (+ extras); the cache grows by N rows per sequence, to be
     trimmed by commit_batch. Returns, per sequence, the rows verify_tree would return (tree rows, then extras).
@@ -88,7 +91,8 @@ def verify_batch(model, cache, trees: list[TokenTree], committed: list[int], wan
             embeds[i, len(tree): len(joints[i])] = extra[0].to(embeds.dtype)
     out = model(inputs_embeds=embeds, attention_mask=mask, position_ids=positions, past_key_values=cache,
                 use_cache=True, output_hidden_states=want_hidden)
-    return [VerifyOutput(out.logits[i, : len(j)].float(), out.hidden_states[-1][i, : len(j)] if want_hidden else None)
+    hidden = selected_hidden(out, want_hidden)
+    return [VerifyOutput(out.logits[i, : len(j)].float(), None if hidden is None else hidden[i, : len(j)])
             for i, j in enumerate(joints)]
 
 

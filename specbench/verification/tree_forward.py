@@ -16,7 +16,19 @@ from specbench.trees.token_tree import TokenTree
 @dataclass
 class VerifyOutput:
     logits: torch.Tensor  # (n, V) float32, one row per tree node
-    hidden: torch.Tensor | None  # (n, H) last hidden state per node, when a drafter reads it (Medusa, PPD)
+    hidden: torch.Tensor | None  # (n, H) last hidden state per node, when a drafter reads it (Medusa, PPD); (n, k*H)
+    # when it names k hidden-state indices (EAGLE-3's low, mid and high layers), see selected_hidden
+
+
+def selected_hidden(out, want_hidden: bool | tuple[int, ...]) -> torch.Tensor | None:
+    """(batch, n, H) the last hidden state for want_hidden=True; for a tuple of hidden-state indices (0: the
+    embeddings, i: after layer i, -1: the final normed state), those states concatenated on the feature axis. The
+    forward is asked with output_hidden_states=want_hidden, so transformers keeps only the states selected."""
+    if not want_hidden:
+        return None
+    if want_hidden is True:
+        return out.hidden_states[-1]
+    return torch.cat([out.hidden_states[i] for i in want_hidden], dim=-1)
 
 
 def tree_attention_mask(tree: TokenTree, past_len: int) -> torch.Tensor:
@@ -27,8 +39,8 @@ def tree_attention_mask(tree: TokenTree, past_len: int) -> torch.Tensor:
 
 
 @torch.inference_mode()
-def verify_tree(model, cache, tree: TokenTree, want_hidden: bool = False, extra_embeds: torch.Tensor | None = None,
-                extra_parents: torch.Tensor | None = None) -> VerifyOutput:
+def verify_tree(model, cache, tree: TokenTree, want_hidden: bool | tuple[int, ...] = False,
+                extra_embeds: torch.Tensor | None = None, extra_parents: torch.Tensor | None = None) -> VerifyOutput:
     """Run the target once over the tree; the cache grows by len(tree) (+ extra) entries, to be trimmed by commit_path.
 
     extra_embeds / extra_parents let a drafter attach non-vocabulary inputs (PPD's prompt tokens) to tree nodes: each
@@ -47,8 +59,8 @@ def verify_tree(model, cache, tree: TokenTree, want_hidden: bool = False, extra_
                         use_cache=True, output_hidden_states=want_hidden)
     else:
         out = _forward_with_extra(model, cache, tree, past_len, extra_embeds, extra_parents, want_hidden)
-    hidden = out.hidden_states[-1][0] if want_hidden else None
-    return VerifyOutput(logits=out.logits[0].float(), hidden=hidden)
+    hidden = selected_hidden(out, want_hidden)
+    return VerifyOutput(logits=out.logits[0].float(), hidden=None if hidden is None else hidden[0])
 
 
 def _forward_with_extra(model, cache, tree, past_len, extra_embeds, extra_parents, want_hidden):

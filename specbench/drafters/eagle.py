@@ -1,0 +1,180 @@
+"""EAGLE (Li et al. 2024; EAGLE-2's dynamic tree, EAGLE-3's fused features): a one-layer drafter over the target's
+own hidden features.
+
+Draft row t reads the target's feature at position t (EAGLE-3: the low, mid and high layers' states fused by a
+linear k*d -> d; EAGLE-1: the last layer's) and the embedding of token t+1, mixes them with a linear 2d -> d, runs
+ONE decoder layer of the target's own architecture (transformers' class, the target's config with one layer) and its
+final norm, and predicts token t+2 through a draft LM head. Deeper draft rows read the drafter's own output feature
+at their parent instead of the target's (what EAGLE-3's training-time test trains for).
+
+The draft LM head covers draft_vocab tokens only (EAGLE-3's d2t map, FR-Spec): on a 135M target the full head is a
+fifth of the parameters. `d2t` maps a draft id to its target id; the draft distribution is zero elsewhere, which
+rejection sampling corrects like any other draft.
+
+Like the draft model, the drafter keeps its own KV cache: one row per committed position, fed with the target's
+features that the verify forward exposes (`needs_hidden_states` names the hidden-state indices). Tree rows sit on
+top of it with a tree mask and are dropped after verification: the accepted ones are fed again with the target's
+features, which replace the drafter's guesses.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+from transformers import AutoModel, DynamicCache
+
+from specbench.drafters.base import DecodeState, Drafter, StepOutcome
+from specbench.errors import SpecbenchError
+from specbench.models.artifact import load_artifact
+from specbench.models.loading import LoadedModel
+from specbench.sampling import SamplingParams
+from specbench.trees.greedy import GreedyPolicy
+from specbench.trees.policy import GrowingTree, TreePolicy
+from specbench.trees.token_tree import TokenTree
+from specbench.verification import cache_bytes, commit_path
+
+def feature_layers(num_layers: int, features: str) -> tuple[int, ...]:
+    """Hidden-state indices the drafter reads (0: the embeddings, i: after layer i, -1: the final normed state):
+    EAGLE-3's low, mid and high layers (its choice for Llama: 2, L/2, L-3) or EAGLE-1's last feature."""
+    if features == "fused":
+        return min(2, num_layers), num_layers // 2, max(num_layers - 3, 1)
+    if features == "last":
+        return (-1,)
+    raise SpecbenchError(f"method.features={features!r} is invalid: use fused (EAGLE-3's low, mid and high layers) "
+                         f"or last (EAGLE-1's last-layer feature)")
+
+
+class EagleHead(nn.Module):
+    """fuse -> fc([feature, next-token embedding]) -> one target-architecture decoder layer + norm -> draft LM head."""
+
+    def __init__(self, config, layers: tuple[int, ...], draft_vocab: int) -> None:
+        super().__init__()
+        d, vocab = config.hidden_size, config.vocab_size
+        if not isinstance(draft_vocab, int) or not 1 <= draft_vocab <= vocab:
+            raise SpecbenchError(f"method.draft_vocab={draft_vocab!r} is invalid: give an integer in 1..{vocab} (the "
+                                 f"target's vocabulary) or null for all of it")
+        self.layers = tuple(layers)
+        self.fuse = nn.Linear(len(layers) * d, d, bias=False) if len(layers) > 1 else nn.Identity()
+        self.fc = nn.Linear(2 * d, d, bias=False)
+        body = copy.deepcopy(config)
+        body.num_hidden_layers, body.vocab_size, body.pad_token_id = 1, 1, None
+        self.body = AutoModel.from_config(body)
+        self.body.embed_tokens = None  # the body takes fc's output as inputs_embeds, never token ids
+        self.lm_head = nn.Linear(d, draft_vocab, bias=False)
+        self.register_buffer("d2t", torch.arange(draft_vocab))  # draft id -> target id
+
+    def forward(self, features: torch.Tensor, embeds: torch.Tensor, **body_kwargs) -> torch.Tensor:
+        """The output feature of each row (after the body's norm); features are fused ones or the drafter's own."""
+        x = self.fc(torch.cat([features, embeds.to(features.dtype)], dim=-1))
+        return self.body(inputs_embeds=x, use_cache=True, **body_kwargs).last_hidden_state
+
+
+def load_eagle_head(target: LoadedModel, checkpoint: str | None) -> tuple[EagleHead, dict]:
+    """The artifact's head for target (on its device and dtype) and the artifact's metadata."""
+    meta, tensors = load_artifact(checkpoint, "eagle", target)
+    arch = meta["arch"]
+    head = EagleHead(target.model.config, tuple(arch["feature_layers"]), arch["draft_vocab"])
+    try:
+        head.load_state_dict(tensors)
+    except RuntimeError as exc:
+        raise SpecbenchError(f"checkpoint '{checkpoint}' does not hold the EAGLE head its JSON describes "
+                             f"({str(exc).splitlines()[0]})") from exc
+    return head.to(device=target.model.device, dtype=target.model.dtype).eval(), meta
+
+
+class EagleDrafter(Drafter):
+    """tree=dynamic (EAGLE-2) by default; chain and static too. tree=greedy or tree=hardware_aware without
+    tree.accept_prob take the artifact's held-out per-position rank accuracies, as Medusa's do."""
+
+    name = "eagle"
+    tree_policies = ("dynamic", "chain", "static", "greedy", "hardware_aware")
+    needs_hidden_states = True  # replaced per artifact by the hidden-state indices its features come from
+
+    def __init__(self, target: LoadedModel, tree: TreePolicy, checkpoint: str | None = None,
+                 temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int = 0) -> None:
+        self.head, meta = load_eagle_head(target, checkpoint)
+        self.needs_hidden_states = self.head.layers
+        self.embed = target.model.get_input_embeddings()
+        self.vocab_size = target.model.config.vocab_size
+        self.d2t = self.head.d2t.cpu()
+        if isinstance(tree, GreedyPolicy):
+            tree = tree.with_accept_prob(meta["metrics"]["rank_accuracy"])
+        self.tree, self.sampling, self.seed = tree, SamplingParams(temperature, top_p, top_k), seed
+        self.generator: torch.Generator | None = None  # policies sample children when this is set
+        self.cache = DynamicCache()
+
+    def prefill_extras(self, prompt: TokenTree) -> tuple[torch.Tensor, torch.Tensor]:
+        """No extra rows, but an (empty) answer: a drafter with prefill extras observes the prefill as a step, which
+        hands it the target's features at every prompt position (a plain prefill keeps only the last one)."""
+        model = self.embed.weight
+        return torch.zeros(0, model.shape[1], dtype=model.dtype, device=model.device), torch.zeros(0, dtype=torch.long)
+
+    def reset(self, state: DecodeState) -> None:
+        self.cache = DynamicCache()
+        self._committed = 0  # cache rows: one per committed position t, fed (feature at t, token t+1)
+        self._pending = state.last.hidden, [state.root]  # replaced by the whole prompt when the prefill is observed
+        self.generator = None if self.sampling.greedy else torch.Generator().manual_seed(self.seed)
+        self.tree.reset()
+
+    def propose(self, state: DecodeState) -> TokenTree:
+        self._slots: dict[int, int] = {}  # growing-tree node -> its row in the draft cache
+        self._features: dict[int, torch.Tensor] = {}  # node -> the drafter's output feature there
+        return self.tree.build(state.root, self)
+
+    @torch.inference_mode()
+    def expand(self, tree: GrowingTree, nodes: list[int]) -> torch.Tensor:
+        """q after each node (the DraftExpander contract). The root first feeds the committed positions the cache
+        lacks (the root's own row, target feature and root token, is the last of them)."""
+        if nodes == [0]:
+            features, tokens = self._pending
+            out = self.head(self.head.fuse(features.to(self.head.fc.weight.dtype)[None]), self._embed(tokens),
+                            past_key_values=self.cache)
+            self._committed = self.cache.get_seq_length()
+            self._features[0] = out[0, -1]
+            return self._draft_probs(out[0, -1:])
+        past = self.cache.get_seq_length()
+        mask = torch.zeros(len(nodes), past + len(nodes), dtype=torch.bool)
+        mask[:, : self._committed] = True
+        for row, node in enumerate(nodes):
+            mask[row, past + row] = True
+            ancestor = tree.parents[node]
+            while ancestor > 0:  # a level's parents were all expanded by earlier calls: their rows are cached
+                mask[row, self._slots[ancestor]] = True
+                ancestor = tree.parents[ancestor]
+        device = self.embed.weight.device
+        positions = torch.tensor([self._committed - 1 + tree.depths[n] for n in nodes], device=device)
+        parents = torch.stack([self._features[tree.parents[n]] for n in nodes])
+        out = self.head(parents[None], self._embed([tree.tokens[n] for n in nodes]),
+                        attention_mask=mask[None, None].to(device), position_ids=positions[None],
+                        past_key_values=self.cache)
+        for row, node in enumerate(nodes):
+            self._slots[node], self._features[node] = past + row, out[0, row]
+        return self._draft_probs(out[0])
+
+    def _embed(self, tokens: list[int]) -> torch.Tensor:
+        return self.embed(torch.tensor([tokens], device=self.embed.weight.device))
+
+    def _draft_probs(self, features: torch.Tensor) -> torch.Tensor:
+        """(n, V) over the target's vocabulary: q when sampling, the plain softmax when greedy, on the draft ids."""
+        logits = self.head.lm_head(features).float().cpu()
+        q = logits.softmax(-1) if self.sampling.greedy else self.sampling.probs(logits)
+        probs = torch.zeros(len(q), self.vocab_size)
+        probs[:, self.d2t] = q
+        return probs
+
+    def observe(self, outcome: StepOutcome) -> None:
+        """Drop the tree rows (fed with the drafter's own features) and queue the accepted path with the target's."""
+        commit_path(self.cache, self._committed, [])
+        tokens = outcome.tree.tokens[outcome.path[1:]].tolist() + [outcome.next_token]
+        self._pending = outcome.verify.hidden[outcome.path], tokens
+        self.tree.observe(outcome.tree, outcome.path)
+
+    def cache_bytes(self) -> int:
+        return cache_bytes(self.cache)
+
+    def parameters_bytes(self) -> tuple[int, int]:
+        """The head's own weights (the token embedding is the target's)."""
+        params = list(self.head.parameters())
+        return sum(p.numel() for p in params), sum(p.numel() * p.element_size() for p in params)
