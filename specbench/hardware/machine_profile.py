@@ -3,12 +3,15 @@ backend and dtype (an "execution": models/backends.py).
 
 Measured once per machine fingerprint (machine.py) and model, cached as JSON under the specbench cache, and read
 by hw=cpu / hw=cuda (their `measured` figures) and by the evaluator (the dtype choice, L(n) for tree budgets).
+The cache decides every later run's dtype and backend, so it is written atomically and checked when read: a file cut
+short, missing a key or holding an impossible number is measured again, with a one-line notice.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import time
 from dataclasses import dataclass
@@ -96,14 +99,72 @@ def _one_token_forward_s(model, sync, budget_s: float) -> float:
 
 
 def measured_peaks(device: torch.device | str) -> dict:
-    """This machine's peaks from its newest cached profile (of any model), else measured now and cached."""
+    """This machine's peaks from its newest valid cached profile (of any model), else measured now and cached."""
     device = torch.device(device)
     root, fp = profile_dir(), fingerprint()
     for path in sorted(root.glob(f"{fp}-{device.type}-*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
-        return json.loads(path.read_text())["peaks"]
+        peaks = _read_cached(path, _peaks_of)
+        if peaks is not None:
+            return peaks
     peaks = measure_peaks(device)
-    root.mkdir(parents=True, exist_ok=True)
-    (root / f"{fp}-{device.type}-peaks.json").write_text(json.dumps({"machine": machine_info(), "peaks": peaks}))
+    write_atomic(root / f"{fp}-{device.type}-peaks.json", json.dumps({"machine": machine_info(), "peaks": peaks}))
+    return peaks
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write through a temporary file in the same directory and os.replace it over path: a reader (or a run killed
+    mid-write) sees the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _read_cached(path: Path, parse):
+    """parse(the file's text), or None with a one-line notice naming the file and what is wrong with it."""
+    try:
+        return parse(path.read_text())
+    except (OSError, UnicodeDecodeError) as exc:
+        problem = f"cannot be read ({exc})"
+    except json.JSONDecodeError as exc:
+        problem = f"is not valid JSON ({exc})"
+    except SpecbenchError as exc:
+        problem = str(exc).removeprefix("the machine profile ")
+    print(f"notice: the cached machine profile {path} {problem}; measuring it again")
+    return None
+
+
+def _peaks_of(text: str) -> dict:
+    data = json.loads(text)
+    if not isinstance(data, dict) or "peaks" not in data:
+        raise SpecbenchError("the machine profile lacks the key 'peaks'")
+    return _checked_peaks(data["peaks"])
+
+
+def _positive(value, zero_ok: bool = False) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and (value >= 0 if zero_ok else value > 0))
+
+
+def _checked_peaks(peaks) -> dict:
+    """peaks as measure_peaks returns them, or SpecbenchError naming the first missing or impossible figure."""
+    if not isinstance(peaks, dict):
+        raise SpecbenchError(f"the machine profile holds peaks={peaks!r}, not a mapping")
+    for key in ("peak_tflops", "mem_bandwidth_gbs", "layer_overhead_ms", "memory_gb"):
+        if key not in peaks:
+            raise SpecbenchError(f"the machine profile lacks the key 'peaks.{key}'")
+    tflops = peaks["peak_tflops"]
+    if not isinstance(tflops, dict) or not tflops or not all(_positive(v) for v in tflops.values()):
+        raise SpecbenchError(f"the machine profile holds peaks.peak_tflops={tflops!r}: it must map dtypes to finite "
+                             f"positive TFLOP/s")
+    for key in ("mem_bandwidth_gbs", "layer_overhead_ms", "memory_gb"):
+        if not _positive(peaks[key], zero_ok=key == "layer_overhead_ms"):
+            raise SpecbenchError(f"the machine profile holds peaks.{key}={peaks[key]!r}: it must be a finite "
+                                 + ("number >= 0" if key == "layer_overhead_ms" else "positive number"))
     return peaks
 
 
@@ -117,10 +178,32 @@ class MachineProfile:
     peaks: dict  # peak_tflops {dtype: TFLOP/s}, mem_bandwidth_gbs, layer_overhead_ms, memory_gb
     latency: pd.DataFrame  # backend, dtype, context, tokens, ms
     compile_seconds: dict = dataclasses.field(default_factory=dict)  # "backend/dtype": first-forwards' compile time
+    _grids: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        """Refuses (SpecbenchError) a latency table that latency_ms could not read: a missing column, a latency,
+        size or context that is not a finite positive number, a backend/dtype without every (size, context) pair."""
         if "backend" not in self.latency:  # profiles cached before backends existed measured transformers' eager
             self.latency.insert(0, "backend", "eager")
+        missing = [c for c in ("dtype", "context", "tokens", "ms") if c not in self.latency]
+        if self.latency.empty or missing:
+            raise SpecbenchError("the machine profile " + (f"has no latency column {missing[0]!r}"
+                                                           if len(self.latency) else "has no latencies"))
+        numbers = self.latency[["tokens", "context", "ms"]].apply(pd.to_numeric, errors="coerce")
+        bad = ~np.isfinite(numbers.to_numpy(float)) | (numbers.to_numpy(float) <= 0)
+        if bad.any():
+            row, col = np.argwhere(bad)[0]
+            r = self.latency.iloc[row]
+            name = numbers.columns[col]
+            value = r[name].item() if isinstance(r[name], np.generic) else r[name]  # repr 'nan', not 'np.float64(nan)'
+            raise SpecbenchError(f"the machine profile holds {name}={value!r} ({r['backend']}/{r['dtype']}, "
+                                 f"n={r['tokens']}, context {r['context']}): latencies, sizes and contexts must be "
+                                 f"finite positive numbers")
+        self.latency[["tokens", "context", "ms"]] = numbers
+        for (backend, dtype), rows in self.latency.groupby(["backend", "dtype"], sort=False):
+            if len(set(zip(rows["tokens"], rows["context"]))) != rows["tokens"].nunique() * rows["context"].nunique():
+                raise SpecbenchError(f"the machine profile lacks some (n, context) pairs of {backend}/{dtype}: each "
+                                     f"backend/dtype needs every measured size at every measured context")
 
     @property
     def dtypes(self) -> list[str]:
@@ -132,15 +215,30 @@ class MachineProfile:
         return list(dict.fromkeys(zip(self.latency["backend"], self.latency["dtype"])))
 
     def latency_ms(self, dtype: str, n: float, context: float, backend: str = "eager") -> float:
-        """L(n, context) in ms: linear in n between measured sizes, then linear in context (extrapolated beyond)."""
-        rows = self.latency[(self.latency["dtype"] == dtype) & (self.latency["backend"] == backend)]
-        if rows.empty:
-            have = ", ".join(f"{b}/{d}" for b, d in self.executions)
-            raise SpecbenchError(f"the machine profile has no backend/dtype '{backend}/{dtype}'; it has: {have}")
-        contexts = sorted(set(rows["context"]))
-        at = [_interp(n, *rows[rows["context"] == c].sort_values("tokens")[["tokens", "ms"]].T.values)
-              for c in contexts]
-        return _interp(context, np.array(contexts, dtype=float), np.array(at))
+        """L(n, context) in ms: bilinear between measured points, the smallest measured value below the range, and
+        linear above it with slopes >= 0. Measurement noise can make a bigger tree or a longer context read cheaper;
+        the table is first made non-decreasing along both, so the result is positive and monotone in n and context
+        (a tree of n + 1 never costs less than one of n), as choosing a dtype, a backend or a budget assumes."""
+        sizes, contexts, ms, n_slope, c_slope = self._grid(dtype, backend)
+        n_in, c_in = np.clip(n, sizes[0], sizes[-1]), np.clip(context, contexts[0], contexts[-1])
+        at = [np.interp(n_in, sizes, ms[:, k]) for k in range(len(contexts))]
+        return float(np.interp(c_in, contexts, at) + max(0.0, n - sizes[-1]) * np.interp(c_in, contexts, n_slope)
+                     + max(0.0, context - contexts[-1]) * np.interp(n_in, sizes, c_slope))
+
+    def _grid(self, dtype: str, backend: str) -> tuple[np.ndarray, ...]:
+        """(sizes, contexts, ms[size, context] made non-decreasing along both axes, the slope in n beyond the largest
+        size per context, the slope in context beyond the largest context per size): slopes >= 0 and non-decreasing
+        along the other axis, so the extrapolation keeps the monotonicity the table has."""
+        if (backend, dtype) not in self._grids:
+            rows = self.latency[(self.latency["dtype"] == dtype) & (self.latency["backend"] == backend)]
+            if rows.empty:
+                have = ", ".join(f"{b}/{d}" for b, d in self.executions)
+                raise SpecbenchError(f"the machine profile has no backend/dtype '{backend}/{dtype}'; it has: {have}")
+            table = rows.pivot_table(index="tokens", columns="context", values="ms", aggfunc="min")
+            ms = np.maximum.accumulate(np.maximum.accumulate(table.to_numpy(float), axis=0), axis=1)
+            sizes, contexts = table.index.to_numpy(float), table.columns.to_numpy(float)
+            self._grids[backend, dtype] = (sizes, contexts, ms, _end_slope(sizes, ms), _end_slope(contexts, ms.T))
+        return self._grids[backend, dtype]
 
     def curve(self, dtype: str, context: float, backend: str = "eager") -> pd.DataFrame:
         """L(n) at one context over the measured sizes, as the tokens/ms frame latency_profile returns."""
@@ -160,20 +258,27 @@ class MachineProfile:
 
     @classmethod
     def from_json(cls, text: str) -> "MachineProfile":
+        """The profile to_json wrote; json.JSONDecodeError or SpecbenchError (what is missing or impossible)."""
         data = json.loads(text)
-        return cls(data["machine"], data["device"], data["model"], data["peaks"], pd.DataFrame(data["latency"]),
-                   data.get("compile_seconds", {}))
+        if not isinstance(data, dict):
+            raise SpecbenchError("the machine profile is not a JSON object")
+        for key in ("machine", "device", "model", "peaks", "latency"):
+            if key not in data:
+                raise SpecbenchError(f"the machine profile lacks the key '{key}'")
+        if not isinstance(data["machine"], dict):
+            raise SpecbenchError("the machine profile holds a 'machine' that is not a mapping")
+        if not isinstance(data["latency"], list) or not all(isinstance(r, dict) for r in data["latency"]):
+            raise SpecbenchError("the machine profile holds a 'latency' that is not a list of records")
+        return cls(data["machine"], data["device"], data["model"], _checked_peaks(data["peaks"]),
+                   pd.DataFrame(data["latency"]), data.get("compile_seconds", {}))
 
 
-def _interp(x: float, xs: np.ndarray, ys: np.ndarray) -> float:
-    """np.interp inside the measured range, the end segments' slopes outside it."""
+def _end_slope(xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
+    """d ys / d xs over the last segment along axis 0 (0 for a single point), one per column, made non-decreasing
+    from column to column."""
     if len(xs) == 1:
-        return float(ys[0])
-    if x < xs[0]:
-        return float(ys[0] + (x - xs[0]) * (ys[1] - ys[0]) / (xs[1] - xs[0]))
-    if x > xs[-1]:
-        return float(ys[-1] + (x - xs[-1]) * (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
-    return float(np.interp(x, xs, ys))
+        return np.zeros(ys.shape[1])
+    return np.maximum.accumulate((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
 
 
 def profile_path(model_name: str, device: torch.device | str) -> Path:
@@ -191,7 +296,7 @@ def load_or_measure_profile(target: LoadedModel, dtypes=None, sizes=SIZES, conte
     dtypes, sizes, contexts = list(dtypes or default_dtypes(device)), list(sizes), list(contexts)
     backends = list(backends or BACKENDS)
     path = profile_path(target.name, device)
-    cached = MachineProfile.from_json(path.read_text()) if path.exists() else None
+    cached = _read_cached(path, MachineProfile.from_json) if path.exists() else None
     if cached is not None and cached.covers(dtypes, sizes, contexts, backends):
         return cached
     print(f"measuring this machine's profile of {target.name} once ({', '.join(backends)} x {', '.join(dtypes)}; "
@@ -225,8 +330,7 @@ def load_or_measure_profile(target: LoadedModel, dtypes=None, sizes=SIZES, conte
         print(f"warning: the machine was busy while profiling (1-min load {max(machine['loadavg_1min']):.1f} on "
               f"{machine['cpus']} CPUs): this run uses the profile, but it is not cached; profile on a quiet machine")
         return profile
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(profile.to_json())
+    write_atomic(path, profile.to_json())
     return profile
 
 

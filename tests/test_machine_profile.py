@@ -1,0 +1,198 @@
+"""The machine-profile cache can be trusted: written atomically, checked when read (a bad file is measured again with
+a one-line notice, never a traceback), and L(n, context) positive and monotone, never extrapolated below the
+measured range."""
+
+import json
+import math
+import os
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from specbench.errors import SpecbenchError
+from specbench.hardware import machine_profile
+from specbench.hardware.machine import fingerprint
+from specbench.hardware.machine_profile import (MachineProfile, load_or_measure_profile, measured_peaks,
+                                                profile_path, write_atomic)
+
+PEAKS = {"peak_tflops": {"float32": 0.2}, "mem_bandwidth_gbs": 40.0, "layer_overhead_ms": 0.1, "memory_gb": 16.0}
+SIZES, CONTEXTS = [1, 4], [8, 16]
+
+
+def fake_latency(model, sizes, contexts, repeats, statistic):
+    """A cheap stand-in for timing forwards: 10 ms + 1 per token + 0.1 per context token."""
+    return pd.DataFrame([{"context": c, "tokens": n, "ms": 10.0 + n + c / 10} for c in contexts for n in sizes])
+
+
+@pytest.fixture
+def measuring(tmp_path, monkeypatch):
+    """A private cache, and measuring that costs nothing and counts how often it runs."""
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    calls = []
+    monkeypatch.setattr(machine_profile, "measure_peaks", lambda device: PEAKS)
+    monkeypatch.setattr(machine_profile, "latency_profile", lambda *a, **k: calls.append(a) or fake_latency(*a, **k))
+    monkeypatch.setattr(machine_profile, "busy", lambda machine: False)
+    return calls
+
+
+def load(tiny):
+    return load_or_measure_profile(tiny, dtypes=["float32"], sizes=SIZES, contexts=CONTEXTS, repeats=1,
+                                   backends=["eager"])
+
+
+def grid_profile(ms: dict) -> MachineProfile:
+    """A float32 eager profile from {(tokens, context): ms}."""
+    frame = pd.DataFrame([{"backend": "eager", "dtype": "float32", "context": c, "tokens": n, "ms": v}
+                          for (n, c), v in ms.items()])
+    return MachineProfile({}, "cpu", "toy", PEAKS, frame)
+
+
+# --- the cache file ----------------------------------------------------------------------------------------------
+
+def test_a_truncated_profile_is_measured_again_with_a_one_line_notice(tiny, measuring, capsys):
+    first = load(tiny)
+    path = profile_path(tiny.name, "cpu")
+    text = path.read_text()
+    path.write_text(text[: len(text) // 2])  # a run killed mid-write, before writes were atomic
+    again = load(tiny)
+    notice = [line for line in capsys.readouterr().out.splitlines() if line.startswith("notice:")]
+    assert len(notice) == 1 and f"the cached machine profile {path} is not valid JSON" in notice[0]
+    assert notice[0].endswith("measuring it again") and len(measuring) == 2
+    pd.testing.assert_frame_equal(again.latency, first.latency)
+    assert MachineProfile.from_json(path.read_text()).latency.equals(first.latency)  # rewritten whole
+    load(tiny)
+    assert len(measuring) == 2  # and read from the cache after that
+
+
+@pytest.mark.parametrize("edit, problem", [
+    (lambda d: d["latency"][1].update(ms=float("nan")), "holds ms=nan (eager/float32, n=4, context 8)"),
+    (lambda d: d["latency"][2].update(ms=-3.5), "holds ms=-3.5 (eager/float32, n=1, context 16)"),
+    (lambda d: d["latency"][0].update(ms=0), "holds ms=0.0 (eager/float32, n=1, context 8)"),
+    (lambda d: d["latency"][3].update(ms=float("inf")), "holds ms=inf"),
+    (lambda d: d["latency"][3].update(ms="fast"), "holds ms='fast'"),
+    (lambda d: d["latency"][0].update(context=None), "holds context=nan (eager/float32, n=1, context nan)"),
+    (lambda d: d.pop("latency"), "lacks the key 'latency'"),
+    (lambda d: d["latency"][0].pop("ms"), "holds ms=nan (eager/float32, n=1, context 8)"),  # the record lacks it
+    (lambda d: d["latency"].pop(), "lacks some (n, context) pairs of eager/float32"),
+    (lambda d: d.update(latency=[]), "has no latencies"),
+    (lambda d: d.update(latency=5), "holds a 'latency' that is not a list of records"),
+    (lambda d: d["peaks"].update(mem_bandwidth_gbs=-1.0), "holds peaks.mem_bandwidth_gbs=-1.0: it must be a finite"),
+    (lambda d: d["peaks"]["peak_tflops"].update(float32=float("nan")), "holds peaks.peak_tflops={'float32': nan}"),
+    (lambda d: d["peaks"].pop("memory_gb"), "lacks the key 'peaks.memory_gb'"),
+    (lambda d: d.clear(), "lacks the key 'machine'"),
+])
+def test_a_profile_with_impossible_numbers_or_missing_keys_is_measured_again(tiny, measuring, capsys, edit, problem):
+    load(tiny)
+    path = profile_path(tiny.name, "cpu")
+    data = json.loads(path.read_text())
+    edit(data)
+    path.write_text(json.dumps(data))  # json writes NaN and Infinity, and reads them back
+    capsys.readouterr()
+    profile = load(tiny)
+    out = capsys.readouterr().out
+    assert out.count("notice:") == 1 and f"the cached machine profile {path} " in out
+    assert problem in out, out
+    assert len(measuring) == 2 and (profile.latency["ms"] > 0).all()
+    assert MachineProfile.from_json(path.read_text()).latency.equals(profile.latency)
+
+
+def test_a_json_that_is_not_an_object_is_measured_again(tiny, measuring, capsys):
+    path = profile_path(tiny.name, "cpu")
+    path.parent.mkdir(parents=True)
+    path.write_text("[1, 2]")
+    load(tiny)
+    assert f"notice: the cached machine profile {path} is not a JSON object; measuring it again" in \
+        capsys.readouterr().out
+
+
+def test_peaks_skip_a_bad_cached_file_and_are_measured_again(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    monkeypatch.setattr(machine_profile, "measure_peaks", lambda device: PEAKS)
+    path = tmp_path / "profiles" / f"{fingerprint()}-cpu-peaks.json"
+    path.parent.mkdir()
+    path.write_text('{"peaks": {"peak_tflops": {"float32": 0.2}, "mem_bandw')
+    assert measured_peaks("cpu") == PEAKS
+    assert f"notice: the cached machine profile {path} is not valid JSON" in capsys.readouterr().out
+    assert json.loads(path.read_text())["peaks"] == PEAKS  # rewritten whole
+    path.write_text(json.dumps({"peaks": {**PEAKS, "memory_gb": float("nan")}}))
+    assert measured_peaks("cpu") == PEAKS
+    assert "holds peaks.memory_gb=nan: it must be a finite positive number" in capsys.readouterr().out
+
+
+def test_a_failed_write_leaves_the_old_file_whole_and_no_partial_file(tmp_path, monkeypatch):
+    path = tmp_path / "profile.json"
+    write_atomic(path, '{"old": true}')
+
+    def crash(src, dst):
+        raise OSError("disk full")
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError, match="disk full"):
+        write_atomic(path, '{"new": true, "long": "' + "x" * 100_000 + '"}')
+    assert json.loads(path.read_text()) == {"old": True}
+    assert [p.name for p in tmp_path.iterdir()] == ["profile.json"]  # the temporary file is gone
+
+
+def test_the_profile_is_written_through_a_temporary_file_in_its_directory(tiny, measuring, monkeypatch):
+    moves = []
+    real = os.replace
+    monkeypatch.setattr(os, "replace", lambda src, dst: moves.append((src, dst)) or real(src, dst))
+    load(tiny)
+    path = profile_path(tiny.name, "cpu")
+    assert [(os.path.dirname(src), dst) for src, dst in moves] == [(str(path.parent), path)]
+
+
+def test_a_profile_made_in_code_with_a_bad_latency_is_one_error_line():
+    with pytest.raises(SpecbenchError, match=r"^the machine profile holds ms=-1\.0 \(eager/float32, n=4, context 8\):"
+                                             r" latencies, sizes and contexts must be finite positive numbers$"):
+        grid_profile({(1, 8): 2.0, (4, 8): -1.0})
+
+
+# --- L(n, context) -----------------------------------------------------------------------------------------------
+
+def test_below_the_measured_range_the_smallest_measurement_is_used():
+    p = grid_profile({(2, 128): 20.0, (8, 128): 80.0, (2, 1024): 30.0, (8, 1024): 90.0})
+    assert p.latency_ms("float32", 1, 128) == 20.0  # linear extrapolation would say 10
+    assert p.latency_ms("float32", 0.1, 128) == 20.0  # and 1 here
+    assert p.latency_ms("float32", 8, 16) == 80.0  # context below 128: the 128 column
+    assert p.latency_ms("float32", 1, 0) == 20.0
+    assert p.latency_ms("float32", 5, 576) == pytest.approx(55.0)  # inside: bilinear, as before
+
+
+def test_data_that_would_extrapolate_negative_give_positive_monotone_latencies():
+    """Noise made context 1024 cheaper than 128 and n = 2 cheaper than n = 1: extrapolating those slopes went
+    negative (L(1, 8192) = 40 - 7168 * 10 / 896 = -40 ms), and a negative latency won every dtype choice."""
+    p = grid_profile({(1, 128): 50.0, (2, 128): 48.0, (8, 128): 60.0,
+                      (1, 1024): 40.0, (2, 1024): 41.0, (8, 1024): 45.0})
+    assert p.latency_ms("float32", 1, 8192) == 50.0  # flat: the cheaper long context is taken for noise
+    assert p.latency_ms("float32", 2, 128) == 50.0  # a bigger tree costs no less than a smaller one
+    ns, cs = np.array([0.5, 1, 1.5, 2, 3, 8, 9, 16, 64, 500]), np.array([1, 128, 300, 1024, 2000, 8192, 1e6])
+    table = np.array([[p.latency_ms("float32", n, c) for c in cs] for n in ns])
+    assert (table > 0).all() and np.isfinite(table).all()
+    assert (np.diff(table, axis=0) >= 0).all() and (np.diff(table, axis=1) >= 0).all()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_latency_is_positive_and_monotone_for_any_measured_grid(seed):
+    """Random positive tables (noise in every direction): the surface is monotone in n and in context everywhere,
+    beyond both ranges at once included, and equals the measurement at every point the table already orders."""
+    rng = np.random.default_rng(seed)
+    sizes, contexts = [1, 2, 4, 8], [64, 256, 1024]
+    ms = {(n, c): float(rng.uniform(0.5, 100)) for n in sizes for c in contexts}
+    p = grid_profile(ms)
+    ns = np.array([0.1, 1, 1.5, 2, 3, 4, 6, 8, 9, 32, 1000])
+    cs = np.array([0, 64, 100, 256, 700, 1024, 1500, 4096, 1e5])
+    table = np.array([[p.latency_ms("float32", n, c) for c in cs] for n in ns])
+    assert (table > 0).all() and np.isfinite(table).all()
+    assert (np.diff(table, axis=0) >= -1e-9).all() and (np.diff(table, axis=1) >= -1e-9).all()
+    for (n, c), v in ms.items():  # never below the measurement itself
+        assert p.latency_ms("float32", n, c) >= v
+
+
+def test_monotone_measurements_are_read_as_before():
+    """A well-behaved profile (linear in n and context) reads exactly as the old interpolation did, extrapolated
+    linearly above the range in both."""
+    p = grid_profile({(n, c): 50 + 2 * n + c / 100 for n in (1, 8, 32) for c in (128, 1024)})
+    for n, c in [(4, 128), (8, 576), (64, 2048), (100, 500), (16, 4096)]:
+        assert p.latency_ms("float32", n, c) == pytest.approx(50 + 2 * n + c / 100)
+    assert math.isclose(p.latency_ms("float32", 1, 128), 53.28)
