@@ -1,10 +1,12 @@
 """SSSD: n-gram counts and scores by hand, datastore lookups, lossless greedy decoding, the budget, bad input."""
 
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from specbench.acceptance import ExactAcceptance
@@ -172,3 +174,49 @@ def test_task_datastore_end_to_end(tiny, tmp_path, monkeypatch):
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines()[-1].startswith("error: datastore.num_conversations=0 is invalid")
+
+
+def corrupt(tiny, path, tokens=None, suffix_array=None, **meta):
+    """Save a hand-made index at path: a good one's arrays and meta, with the given ones replaced."""
+    good = Datastore.build([[10, 11, 12, 10, 11, 13], [10, 11, 12, 14]], tiny.tokenizer, tiny.name)
+    np.savez(path, tokens=good.tokens if tokens is None else tokens,
+             suffix_array=good.suffix_array if suffix_array is None else suffix_array,
+             meta=np.array(json.dumps({k: v for k, v in {**good.meta, **meta}.items() if v is not None})))
+
+
+SEP = len(byte_tokenizer())  # the tiny model's vocabulary size: the separator id
+REBUILD = "; rebuild it with `python run.py task=datastore model=tiny_random`"
+
+
+@pytest.mark.parametrize("damage, problem", [
+    (lambda tiny, p: p.write_bytes(p.read_bytes()[: len(p.read_bytes()) // 2]),
+     "is not a specbench datastore (cut short or corrupt: File is not a zip file)"),
+    (lambda tiny, p: corrupt(tiny, p, tokens=np.array([10, 11, SEP + 5, 12, SEP], np.uint16),
+                             suffix_array=np.arange(5, dtype=np.int32)),
+     f"holds token id {SEP + 5} outside the vocabulary 0..{SEP - 1}"),
+    (lambda tiny, p: corrupt(tiny, p, tokens=np.array([10, -3, 12, SEP], np.int32),
+                             suffix_array=np.arange(4, dtype=np.int32)),
+     f"holds token id -3 outside the vocabulary 0..{SEP - 1}"),
+    (lambda tiny, p: corrupt(tiny, p, separator=SEP + 1), f"has separator id {SEP + 1}, not the tokenizer's "
+                                                          f"vocabulary size {SEP}"),
+    (lambda tiny, p: corrupt(tiny, p, separator=None), "lacks separator in its meta record"),
+    (lambda tiny, p: corrupt(tiny, p, separator=None, tokenizer=None), "lacks tokenizer, separator in its meta record"),
+    (lambda tiny, p: corrupt(tiny, p, suffix_array=np.arange(11, dtype=np.int32)),
+     "has a suffix array of 11 positions in 0..10 for 12 tokens: it needs one position in 0..11 per token"),
+    (lambda tiny, p: corrupt(tiny, p, suffix_array=np.arange(12, dtype=np.int32) + 3),
+     "has a suffix array of 12 positions in 3..14 for 12 tokens: it needs one position in 0..11 per token"),
+    (lambda tiny, p: corrupt(tiny, p, tokens=np.array([10, 11, 12], np.uint16),
+                             suffix_array=np.arange(3, dtype=np.int32)),
+     f"does not end with its separator id {SEP} (cut short)"),
+    (lambda tiny, p: corrupt(tiny, p, suffix_array=np.zeros((2, 6), np.int32)),
+     "holds suffix_array of shape (2, 6) and dtype int32, not a non-empty list of integer ids"),
+])
+def test_a_damaged_datastore_is_one_line_naming_the_file_and_the_rebuild(tiny, tmp_path, damage, problem):
+    """A truncated index or ids the tokenizer lacks used to be a traceback (an id past the embedding mid-decoding)
+    or silent garbage; each is now one SpecbenchError line."""
+    path = tmp_path / "ds.npz"
+    corrupt(tiny, path)
+    damage(tiny, path)
+    with pytest.raises(SpecbenchError) as err:
+        SSSDDrafter(tiny, NativePolicy(8), datastore=str(path))
+    assert str(err.value) == f"the SSSD datastore '{path}' {problem}{REBUILD}"

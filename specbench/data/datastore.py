@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -91,18 +92,41 @@ class Datastore:
 
     @classmethod
     def load(cls, path: Path, tokenizer, model_name: str) -> "Datastore":
-        """The index at path, checked against the tokenizer that will read its token ids."""
+        """The index at path, checked against the tokenizer that will read its token ids. A file cut short, ids the
+        tokenizer lacks or a suffix array that does not fit the tokens would otherwise fail mid-decoding with a
+        traceback (an id past the embedding) or draft garbage silently, so each is one line: rebuild the index."""
         build_cmd = f"`python run.py task=datastore model={model_name}`"
+
+        def broken(problem: str) -> SpecbenchError:
+            return SpecbenchError(f"the SSSD datastore '{path}' {problem}; rebuild it with {build_cmd}")
+
         if not path.exists():
             raise SpecbenchError(f"the SSSD datastore '{path}' does not exist; build it with {build_cmd}")
         try:
             with np.load(path, allow_pickle=False) as data:
                 tokens, suffix_array, meta = data["tokens"], data["suffix_array"], json.loads(str(data["meta"]))
-        except (OSError, ValueError, KeyError) as exc:
-            raise SpecbenchError(f"'{path}' is not a specbench datastore ({exc}); rebuild it with {build_cmd}") from exc
-        if meta.get("tokenizer") != tokenizer_fingerprint(tokenizer):
-            raise SpecbenchError(f"the SSSD datastore '{path}' was built for another tokenizer (model "
-                                 f"{meta.get('model')}); rebuild it with {build_cmd}")
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
+            raise broken(f"is not a specbench datastore (cut short or corrupt: {exc})") from exc
+        missing = [k for k in ("model", "tokenizer", "separator") if not isinstance(meta, dict) or k not in meta]
+        if missing:
+            raise broken(f"lacks {', '.join(missing)} in its meta record")
+        if meta["tokenizer"] != tokenizer_fingerprint(tokenizer):
+            raise broken(f"was built for another tokenizer (model {meta['model']})")
+        separator = meta["separator"]
+        if separator != len(tokenizer) or isinstance(separator, bool):
+            raise broken(f"has separator id {separator!r}, not the tokenizer's vocabulary size {len(tokenizer)}")
+        for name, array in (("tokens", tokens), ("suffix_array", suffix_array)):
+            if array.ndim != 1 or array.dtype.kind not in "iu" or not len(array):
+                raise broken(f"holds {name} of shape {array.shape} and dtype {array.dtype}, not a non-empty list "
+                             f"of integer ids")
+        if tokens.min() < 0 or tokens.max() > separator or tokens[-1] != separator:
+            outside = tokens[(tokens < 0) | (tokens > separator)]
+            raise broken(f"holds token id {outside[0]} outside the vocabulary 0..{separator - 1}" if len(outside)
+                         else f"does not end with its separator id {separator} (cut short)")
+        if len(suffix_array) != len(tokens) or suffix_array.min() < 0 or suffix_array.max() >= len(tokens):
+            raise broken(f"has a suffix array of {len(suffix_array)} positions in {suffix_array.min()}.."
+                         f"{suffix_array.max()} for {len(tokens)} tokens: it needs one position in "
+                         f"0..{len(tokens) - 1} per token")
         return cls(tokens, suffix_array, meta)
 
     def __len__(self) -> int:
