@@ -98,7 +98,8 @@ class BatchDecoder(Decoder):
         generators = [torch.Generator().manual_seed(self.seed) for _ in prompts]
         cache = DynamicCache()
 
-        start = self._clock()
+        timer = self.timer
+        start = timer.mark()
         chains = [TokenTree.chain(p[0], p[1:]) for p in prompts]
         prefill_extras = [self._prefill_extras(d, c) for d, c in zip(drafters, chains)]
         if all(e is None for e in prefill_extras):
@@ -114,7 +115,9 @@ class BatchDecoder(Decoder):
             drafter.reset(states[-1])
             if prefill_extras[k] is not None:
                 drafter.observe(StepOutcome(chains[k], list(range(len(prompt))), first, pouts[k]))
-        prefill_time = self._clock() - start
+        prefilled = timer.mark()
+        timer.sync()
+        prefill_time = timer.seconds(start, prefilled)
         run = self.last_run = BatchRun(b, prefill_time, 0.0, kv_peak_bytes=cache_bytes(cache))
         gens = [Generation(len(p), [s.tokens[-1]], prefill_time=prefill_time, wall_time=0.0) for p, s in
                 zip(prompts, states)]
@@ -123,20 +126,21 @@ class BatchDecoder(Decoder):
             gen.kv_peak_bytes = cache_bytes(cache) // b  # a prompt answered by prefill alone
         committed = [len(p) for p in prompts]  # per sequence: cache slots holding its tokens (all but the root)
         live = list(range(b))  # sequence ids, in cache-row order
-        live = self._retire(cache, live, committed, gens, [[g.tokens[0]] for g in gens], start)
+        finished = {}  # sequence id: the mark of the step that ended it, read once the loop's last sync has passed
+        live = self._retire(cache, live, committed, gens, [[g.tokens[0]] for g in gens], finished)
 
         while live:
-            t0 = self._clock()
-            trees, extras, draft_times = [], [], []
+            t0 = timer.mark()
+            trees, extras, drafting = [], [], []  # drafting: each sequence's propose and observe marks
             for i in live:
-                a = self._clock()
+                a = timer.mark()
                 trees.append(self._fit_context(drafters[i].propose(states[i]), committed[i]))
-                draft_times.append(self._clock() - a)
+                drafting.append([a, timer.mark()])
                 extras.append(drafters[i].verify_extras(trees[-1]))
-            t1 = self._clock()
+            t1 = timer.mark()
             past_len = cache.get_seq_length()
             vouts = verify_batch(self.model, cache, trees, [committed[i] for i in live], want_hidden, extras)
-            t2 = self._clock()
+            t2 = timer.mark()
             rows = cache.get_seq_length() - past_len
             total = cache_bytes(cache)
             share = total // len(live)
@@ -151,10 +155,12 @@ class BatchDecoder(Decoder):
                 states[i].tokens.extend(new_tokens[-1])
                 states[i].last = VerifyOutput(vout.logits[acc.path], vout.hidden[acc.path] if want_hidden else None)
             for k, (i, tree, vout, acc) in enumerate(zip(live, trees, vouts, accs)):
-                a = self._clock()
+                drafting[k].append(timer.mark())
                 drafters[i].observe(StepOutcome(tree, acc.path, acc.next_token, vout))
-                draft_times[k] += self._clock() - a
-            t4 = self._clock()
+                drafting[k].append(timer.mark())
+            t4 = timer.mark()
+            timer.sync()
+            draft_times = [timer.seconds(a, b) + timer.seconds(c, d) for a, b, c, d in drafting]
             for k, (i, tree, vout, acc) in enumerate(zip(live, trees, vouts, accs)):
                 gen = gens[i]
                 gen.tokens.extend(new_tokens[k])
@@ -162,29 +168,34 @@ class BatchDecoder(Decoder):
                 gen.kv_peak_bytes = max(gen.kv_peak_bytes, share + drafters[i].cache_bytes())
                 rows_i = len(tree) + (0 if extras[k] is None else len(extras[k][1]))
                 gen.steps.append(StepRecord(rows_i, int(tree.depths.max()), acc.accepted, draft_time=draft_times[k],
-                                            verify_time=t2 - t1, step_time=t4 - t0,
+                                            verify_time=timer.seconds(t1, t2), step_time=timer.seconds(t0, t4),
                                             tried_deeper=bool((tree.parents == acc.path[-1]).any())))
             run.steps.append(BatchStep(len(live), rows, past_len, sum(map(len, new_tokens)), sum(draft_times),
-                                       verify_time=t2 - t1, step_time=t4 - t0))
-            live = self._retire(cache, live, committed, gens, new_tokens, start)
+                                       verify_time=timer.seconds(t1, t2), step_time=timer.seconds(t0, t4)))
+            live = self._retire(cache, live, committed, gens, new_tokens, finished)
 
-        run.wall_time = self._clock() - start
+        end = timer.mark()
+        timer.sync()
+        run.wall_time = timer.seconds(start, end)
+        for i, mark in finished.items():
+            gens[i].wall_time = timer.seconds(start, mark)
         return gens
 
     def _retire(self, cache, live: list[int], committed: list[int], gens: list[Generation],
-                new_tokens: list[list[int]], start: float) -> list[int]:
+                new_tokens: list[list[int]], finished: dict) -> list[int]:
         """Finish the sequences whose step ended them (new_tokens: each live sequence's, in order) and slice them out
-        of the cache; returns the sequences still decoding."""
+        of the cache; returns the sequences still decoding. finished[i] gets a mark of when sequence i ended: its
+        wall time, read after the loop so that a sequence ending costs no synchronisation of its own."""
         still = [k for k, (i, tokens) in enumerate(zip(live, new_tokens)) if not self._finished(gens[i], tokens)]
         if len(still) == len(live):
             return live
-        now = self._clock() - start
+        now = self.timer.mark()
         for k, i in enumerate(live):
             if k not in still:
                 gen = gens[i]
                 gen.tokens = self._truncate(gen.tokens)
                 gen.token_logprobs = gen.token_logprobs[: len(gen.tokens)]
-                gen.wall_time = now
+                finished[i] = now
         if still:
             keep_sequences(cache, still, [committed[i] for i in live])
         return [live[k] for k in still]

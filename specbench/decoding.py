@@ -6,7 +6,6 @@ compare like with like (the same model calls, the same cache, the same bookkeepi
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import torch
@@ -16,6 +15,7 @@ from specbench.acceptance.base import AcceptanceRule
 from specbench.sampling import SamplingParams
 from specbench.drafters.base import DecodeState, Drafter, StepOutcome
 from specbench.errors import SpecbenchError
+from specbench.timing import StepTimer
 from specbench.trees.token_tree import TokenTree
 from specbench.verification import VerifyOutput, cache_bytes, commit_path, verify_tree
 
@@ -56,11 +56,7 @@ class Decoder:
         self.model, self.drafter, self.acceptance, self.sampling = model, drafter, acceptance, sampling
         self.max_new_tokens, self.eos, self.seed = max_new_tokens, set(eos_token_ids), seed
         self.max_context = max_context or getattr(model.config, "max_position_embeddings", None) or 2**31
-        self._sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
-
-    def _clock(self) -> float:
-        self._sync()
-        return time.perf_counter()
+        self.timer = StepTimer(model.device)  # CUDA events and one sync per step on a GPU (see specbench.timing)
 
     def _check_prompt(self, prompt_ids: list[int]) -> None:
         if len(prompt_ids) == 0:
@@ -77,7 +73,8 @@ class Decoder:
         cache = DynamicCache()
         want_hidden = self.drafter.needs_hidden_states
 
-        start = self._clock()
+        timer = self.timer
+        start = timer.mark()
         prompt = TokenTree.chain(prompt_ids[0], prompt_ids[1:])
         extras = self._prefill_extras(self.drafter, prompt)
         if extras is None:
@@ -93,38 +90,44 @@ class Decoder:
         self.drafter.reset(state)
         if extras is not None:
             self.drafter.observe(StepOutcome(prompt, list(range(prompt_len)), first, pout))
-        gen = Generation(prompt_len, [first], prefill_time=self._clock() - start, wall_time=0.0)
+        prefilled = timer.mark()
+        timer.sync()
+        gen = Generation(prompt_len, [first], prefill_time=timer.seconds(start, prefilled), wall_time=0.0)
         self._log_probs(gen, last.logits, [first])
 
         done = self._finished(gen, [first])
         while not done:
-            t0 = self._clock()
+            t0 = timer.mark()
             tree = self._fit_context(self.drafter.propose(state), cache.get_seq_length())
-            t1 = self._clock()
+            t1 = timer.mark()
             past_len = cache.get_seq_length()
             extras = self.drafter.verify_extras(tree)
             vout = verify_tree(self.model, cache, tree, want_hidden, *(extras or (None, None)))
-            t2 = self._clock()
+            t2 = timer.mark()
             gen.kv_peak_bytes = max(gen.kv_peak_bytes, cache_bytes(cache) + self.drafter.cache_bytes())
             acc = self.acceptance.accept(tree, vout.logits[: len(tree)], self.sampling, generator)
             commit_path(cache, past_len, acc.path)
             new_tokens = tree.tokens[acc.path[1:]].tolist() + [acc.next_token]
             state.tokens.extend(new_tokens)
             state.last = VerifyOutput(vout.logits[acc.path], vout.hidden[acc.path] if want_hidden else None)
-            t3 = self._clock()
+            t3 = timer.mark()
             self.drafter.observe(StepOutcome(tree, acc.path, acc.next_token, vout))
-            t4 = self._clock()
+            t4 = timer.mark()
+            timer.sync()
             gen.tokens.extend(new_tokens)
             self._log_probs(gen, vout.logits[acc.path], new_tokens)
             rows = len(tree) + (0 if extras is None else len(extras[1]))
-            gen.steps.append(StepRecord(rows, int(tree.depths.max()), acc.accepted, draft_time=(t1 - t0) + (t4 - t3),
-                                        verify_time=t2 - t1, step_time=t4 - t0,
+            gen.steps.append(StepRecord(rows, int(tree.depths.max()), acc.accepted,
+                                        draft_time=timer.seconds(t0, t1) + timer.seconds(t3, t4),
+                                        verify_time=timer.seconds(t1, t2), step_time=timer.seconds(t0, t4),
                                         tried_deeper=bool((tree.parents == acc.path[-1]).any())))
             done = self._finished(gen, new_tokens)
 
         gen.tokens = self._truncate(gen.tokens)
         gen.token_logprobs = gen.token_logprobs[: len(gen.tokens)]
-        gen.wall_time = self._clock() - start
+        end = timer.mark()
+        timer.sync()
+        gen.wall_time = timer.seconds(start, end)
         gen.kv_peak_bytes = max(gen.kv_peak_bytes, cache_bytes(cache))  # a prompt answered by prefill alone
         return gen
 
