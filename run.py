@@ -13,12 +13,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is fetched from a hub at
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig):
+    from omegaconf.errors import OmegaConfBaseException
+
     from specbench.errors import SpecbenchError
+    from specbench.schema import config_error
     from specbench.tasks import dispatch
 
     try:
         return dispatch(cfg)
-    except SpecbenchError as exc:
+    except (SpecbenchError, OmegaConfBaseException) as exc:  # an OmegaConf error is a config the user can fix too
+        exc = config_error(exc) if isinstance(exc, OmegaConfBaseException) else exc
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -16,12 +17,15 @@ class SamplingParams:
     top_k: int = 0  # 0 means no top-k cut
 
     def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise SpecbenchError(f"sampling.temperature={self.temperature} is invalid: use 0 (greedy) or a value > 0")
-        if not 0 < self.top_p <= 1:
-            raise SpecbenchError(f"sampling.top_p={self.top_p} is invalid: it must lie in (0, 1]")
-        if self.top_k < 0:
-            raise SpecbenchError(f"sampling.top_k={self.top_k} is invalid: use 0 (off) or a positive integer")
+        real = isinstance(self.temperature, (int, float)) and not isinstance(self.temperature, bool)
+        if not real or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise SpecbenchError(f"sampling.temperature={self.temperature!r} is invalid: use 0 (greedy) or a finite "
+                                 f"value > 0")
+        real = isinstance(self.top_p, (int, float)) and not isinstance(self.top_p, bool)
+        if not real or not 0 < self.top_p <= 1:  # NaN fails the comparison too
+            raise SpecbenchError(f"sampling.top_p={self.top_p!r} is invalid: it must lie in (0, 1]")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
+            raise SpecbenchError(f"sampling.top_k={self.top_k!r} is invalid: use 0 (off) or a positive integer")
 
     @property
     def greedy(self) -> bool:

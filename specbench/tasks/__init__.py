@@ -6,6 +6,7 @@ import importlib
 import pkgutil
 
 from specbench.errors import SpecbenchError
+from specbench.schema import validate
 
 
 def available() -> list[str]:
@@ -13,6 +14,8 @@ def available() -> list[str]:
 
 
 def dispatch(cfg):
+    """Run cfg.task once every setting has been checked (specbench.schema), so bad input fails before anything loads."""
     if cfg.task not in available():
         raise SpecbenchError(f"task '{cfg.task}' is unknown; valid choices: {', '.join(available())}")
+    validate(cfg)
     return importlib.import_module(f"specbench.tasks.{cfg.task}").run(cfg)

@@ -8,6 +8,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 
 from specbench.config import build
+from specbench.errors import SpecbenchError
 from specbench.evaluation.precision import AUTO
 from specbench.hardware.spec import HardwareSpec
 from specbench.models.loading import LoadedModel
@@ -32,4 +33,15 @@ def setup_target(cfg, dtype: str | None = None) -> tuple[HardwareSpec, LoadedMod
     hw: HardwareSpec = build(cfg.hw)
     device = hw.activate()
     torch.manual_seed(cfg.seed)
-    return hw, build(cfg.model, dtype=dtype or load_dtype(cfg), device=str(device), backend="eager")
+    target = build(cfg.model, dtype=dtype or load_dtype(cfg), device=str(device), backend="eager")
+    check_context(cfg.eval.max_new_tokens, target)
+    return hw, target
+
+
+def check_context(max_new_tokens: int, target: LoadedModel) -> None:
+    """The model's context is known only once it loads (specbench.schema bounds max_new_tokens before that): an
+    answer longer than the context less one prompt token could never be decoded."""
+    if max_new_tokens > target.max_context - 1:
+        raise SpecbenchError(f"eval.max_new_tokens={max_new_tokens} is invalid: it must be an integer <= "
+                             f"{target.max_context - 1} (model {target.name}'s context of {target.max_context} "
+                             f"tokens less one prompt token)")

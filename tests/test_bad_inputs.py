@@ -1,0 +1,160 @@
+"""Every bad input is one line naming the full key, the value and what is valid, found before anything loads.
+
+Most cases call specbench.schema.validate in-process (what dispatch runs first); a handful run `python run.py` as a
+user does, to show the exit code, the single `error:` line, no traceback and a run folder with nothing in it.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from specbench.data.prompts import read_jsonl
+from specbench.errors import SpecbenchError
+from specbench.schema import validate
+from specbench.tasks._common import check_context
+
+from .conftest import CONF, compose_cfg
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """The bad dataset files a user might point dataset.path at."""
+    folder = tmp_path_factory.mktemp("data")
+    rows = [{"question_id": q, "turns": ["hi"]} for q in ("a", "b", "a", "c", "b")]
+    (folder / "dup.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (folder / "latin1.jsonl").write_bytes('{"question_id": "a", "turns": ["caf\u00e9"]}\n'.encode("latin-1"))
+    return folder
+
+
+# (overrides, the start of the one-line message); {data}: the folder of `files`
+CASES = [
+    (["eval.num_prompts=abc"], "eval.num_prompts='abc' is invalid: it must be an integer"),
+    (["eval.num_prompts=1.5"], "eval.num_prompts=1.5 is invalid: it must be an integer"),
+    (["eval.num_prompts=0"], "eval.num_prompts=0 is invalid: it must be an integer >= 1"),
+    (["eval.max_new_tokens=abc"], "eval.max_new_tokens='abc' is invalid: it must be an integer"),
+    (["eval.max_new_tokens=100000"], "eval.max_new_tokens=100000 is invalid: it must be an integer <= 511 "
+                                     "(model.max_context=512 less one prompt token)"),
+    (["model=smollm2_135m", "eval.max_new_tokens=100000"], "eval.max_new_tokens=100000 is invalid: it must be an "
+                                                           "integer <= 32768"),
+    (["eval.batch_size=abc"], "eval.batch_size='abc' is invalid: it must be an integer"),
+    (["eval.warmup=-1"], "eval.warmup=-1 is invalid: it must be an integer >= 0"),
+    (["eval.seed=abc"], "eval.seed='abc' is invalid: it must be an integer"),
+    (["eval.dtype=abc"], "eval.dtype='abc' is invalid: valid choices: auto, float32, bfloat16, float16"),
+    (["eval.baseline=maybe"], "eval.baseline='maybe' is invalid: it must be true or false"),
+    (["eval.first_turn_only=no"], "eval.first_turn_only='no' is invalid: it must be true or false"),
+    (["eval.fastest_ar=abc"], "eval.fastest_ar='abc' is invalid: it must be true or false"),
+    (["eval.eager_reference=abc"], "eval.eager_reference='abc' is invalid: it must be true or false"),
+    (["eval.hf_generate=abc"], "eval.hf_generate='abc' is invalid: it must be true or false"),
+    (["eval.memory_probe=abc"], "eval.memory_probe='abc' is invalid: it must be true or false"),
+    (["eval.latency_profile=abc"], "eval.latency_profile='abc' is invalid: it must be true or false"),
+    (["eval.profile_sizes=abc"], "eval.profile_sizes='abc' is invalid: it must be a list of integers"),
+    (["eval.profile_sizes=[1,0]"], "eval.profile_sizes=[1, 0] is invalid: it must be an integer >= 1"),
+    (["eval.profile_context=abc"], "eval.profile_context='abc' is invalid: it must be an integer"),
+    (["eval.profile_contexts=[128,x]"], "eval.profile_contexts=[128, 'x'] is invalid: it must be a list of integers"),
+    (["eval.profile_repeats=0"], "eval.profile_repeats=0 is invalid: it must be an integer >= 1"),
+    (["eval.profile_backends=[eager,abc]"], "eval.profile_backends=['eager', 'abc'] is invalid: valid choices"),
+    (["+eval.max_new_token=8"], "eval.max_new_token is not a setting; valid keys of eval: num_prompts"),
+    (["eval.seed=${nope}"], "eval.seed: Interpolation key 'nope' not found"),
+    (["seed=abc"], "seed='abc' is invalid: it must be an integer"),
+    (["sampling.temperature=hot"], "sampling.temperature='hot' is invalid: it must be a finite number"),
+    (["sampling.temperature=nan"], "sampling.temperature=nan is invalid: it must be a finite number"),
+    (["sampling.temperature=inf"], "sampling.temperature=inf is invalid: it must be a finite number"),
+    (["sampling.temperature=-1"], "sampling.temperature=-1 is invalid: use 0 (greedy) or a finite value > 0"),
+    (["sampling.top_p=abc"], "sampling.top_p='abc' is invalid: it must be a finite number"),
+    (["sampling.top_p=1.5"], "sampling.top_p=1.5 is invalid: it must lie in (0, 1]"),
+    (["sampling.top_k=abc"], "sampling.top_k='abc' is invalid: it must be an integer"),
+    (["sampling.top_k=1.5"], "sampling.top_k=1.5 is invalid: it must be an integer"),
+    (["dataset=jsonl"], "dataset.path is not set: dataset=jsonl needs dataset.path=FILE"),
+    (["dataset=jsonl", "dataset.path={data}"], "dataset file '{data}' is a directory; set dataset.path"),
+    (["dataset=jsonl", "dataset.path={data}/latin1.jsonl"], "dataset file '{data}/latin1.jsonl' is not UTF-8 text "
+                                                            "(line 1"),
+    (["dataset=jsonl", "dataset.path={data}/dup.jsonl"], "dataset file '{data}/dup.jsonl' repeats question_id 'a' "
+                                                         "on lines 1, 3; 'b' on lines 2, 5"),
+    (["dataset=jsonl", "dataset.path={data}/none.jsonl"], "dataset file '{data}/none.jsonl' does not exist"),
+    (["model=hf"], "model.path is not set: model=hf needs model.path="),
+    (["model=hf", "model.path=/nonexistent/model"], "model.path='/nonexistent/model' does not exist"),
+    (["model=hf", "model.path={data}"], "model.path='{data}' is a folder without config.json"),
+    (["model=hf", "model.path={data}/dup.jsonl"], "model.path='{data}/dup.jsonl' is a file but not a .gguf"),
+    (["model.max_context=abc"], "model.max_context='abc' is invalid: it must be an integer"),
+    (["model.hidden_size=abc"], "model.hidden_size='abc' is invalid: it must be an integer"),
+    (["model.chat_template=abc"], "model.chat_template='abc' is invalid: it must be true or false"),
+    (["model.backend=abc"], "model.backend='abc' is unknown"),
+    (["hw.num_threads=abc"], "hw.num_threads='abc' is invalid: it must be an integer or null"),
+    (["tree.budget=abc"], "tree.budget='abc' is invalid: it must be an integer"),
+    (["tree=dynamic", "tree.top_k=abc"], "tree.top_k='abc' is invalid: it must be an integer"),
+    (["tree=static", "tree.choices=abc"], "tree.choices='abc' is invalid: it must be a list of lists of integers"),
+    (["+tree.foo=1"], "tree.foo is not a setting of specbench.trees.native.NativePolicy; valid keys: budget"),
+    (["accept=typical", "accept.eps=abc"], "accept.eps='abc' is invalid: it must be a finite number"),
+    (["method.drafter.max_ngram=abc"], "method.drafter.max_ngram='abc' is invalid: it must be an integer"),
+    (["method=sssd", "method.drafter.samples=abc"], "method.drafter.samples='abc' is invalid: it must be an integer"),
+    (["method=medusa", "method.drafter.num_heads=abc"], "method.drafter.num_heads='abc' is invalid"),
+    (['methods=[pld,{method:pld,label:x,overrides:["tree.budget=abc"]}]'],
+     "methods entry 'x': tree.budget='abc' is invalid: it must be an integer"),
+    (["datastore.num_conversations=20000"], "datastore.num_conversations=20000 is invalid: it must be an integer "
+                                            "<= 10000"),
+    (["task=train", "method=medusa", "method.train.epochs=abc"], "method.train.epochs='abc' is invalid"),
+    (["task=train", "method=medusa", "method.train.module.lr=abc"], "method.train.module.lr='abc' is invalid"),
+    (["task=calibrate", "+calibration.depth=abc"], "calibration.depth='abc' is invalid: it must be an integer"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "message"), CASES, ids=[" ".join(c[0]) for c in CASES])
+def test_bad_setting_is_one_line_naming_its_key(overrides, message, files, tmp_path):
+    overrides = [o.replace("{data}", str(files)) for o in overrides]
+    cfg = compose_cfg(["model=tiny_random", *overrides], tmp_path)
+    with pytest.raises(SpecbenchError) as exc:
+        validate(cfg)
+    assert str(exc.value).startswith(message.replace("{data}", str(files)))
+    assert "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize("group", ["model", "method", "tree", "accept", "hw", "dataset", "sampling", "experiment"])
+def test_every_shipped_config_passes(group, tmp_path):
+    for path in sorted((Path(CONF) / group).glob("*.yaml")):
+        if path.stem in ("hf", "jsonl"):  # they need a path from the user (above)
+            continue
+        try:
+            validate(compose_cfg([f"{group}={path.stem}"], tmp_path))
+        except SpecbenchError as exc:  # a model package this machine lacks is the one acceptable refusal
+            assert "is not installed" in str(exc), f"{group}={path.stem}: {exc}"
+
+
+def test_repeated_question_ids_name_their_lines(files):
+    with pytest.raises(SpecbenchError, match=r"repeats question_id 'a' on lines 1, 3; 'b' on lines 2, 5"):
+        read_jsonl(files / "dup.jsonl")
+
+
+def test_the_loaded_models_context_bounds_max_new_tokens(tiny):
+    check_context(tiny.max_context - 1, tiny)
+    with pytest.raises(SpecbenchError, match=f"eval.max_new_tokens={tiny.max_context} is invalid: it must be an "
+                                             f"integer <= {tiny.max_context - 1}"):
+        check_context(tiny.max_context, tiny)
+
+
+def run(args, run_dir):
+    env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline")
+    return subprocess.run([sys.executable, "run.py", "model=tiny_random", *args, f"hydra.run.dir={run_dir}"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize(("args", "key"), [
+    (["eval.num_prompts=abc"], "eval.num_prompts"),
+    (["sampling.temperature=inf"], "sampling.temperature"),
+    (["dataset=jsonl"], "dataset.path"),
+    (["model=hf"], "model.path"),
+    (["dataset=jsonl", "dataset.path={data}/dup.jsonl"], "question_id"),
+])
+def test_run_py_prints_one_line_and_loads_nothing(args, key, files, tmp_path):
+    proc = run([a.replace("{data}", str(files)) for a in args], tmp_path / "run")
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(errors) == 1 and key in errors[0] and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == errors[0]
+    assert "backend/dtype" not in proc.stdout  # the model was never loaded
+    assert not (tmp_path / "run" / "settings.json").exists() and not (tmp_path / "run" / "records.jsonl").exists()
