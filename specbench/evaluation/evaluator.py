@@ -25,8 +25,13 @@ from specbench.evaluation.hf_generate import HF_GENERATE, HFGenerate
 from specbench.evaluation.memory import peak_allocated_bytes
 from specbench.evaluation.metrics import BASELINE, decoded
 from specbench.models.loading import LoadedModel
-from specbench.reporting.store import RecordStore
+from specbench.reporting.store import RECORDS_FILE, RecordStore, write_atomic
 from specbench.sampling import SamplingParams
+
+
+def backbone_reference(label: str) -> str:
+    """The label of plain decoding on the backbone that method `label` verifies with (a Medusa-2 artifact's)."""
+    return f"{BASELINE}@{label}"
 
 
 @dataclass
@@ -70,7 +75,7 @@ class Evaluator:
             runs = [MethodRun(BASELINE, AutoregressiveDrafter(), ExactAcceptance(), baseline_hash, BASELINE), *runs]
         self.runs = self._with_backbones(runs)
         self.run_dir = Path(run_dir)
-        self.store = RecordStore(self.run_dir / "records.jsonl")
+        self.store = RecordStore(self.run_dir / RECORDS_FILE)
         self.memory_path = self.run_dir / "memory.json"
 
     @staticmethod
@@ -81,7 +86,7 @@ class Evaluator:
         for run in runs:
             backbone = getattr(run.drafter, "backbone", None)
             if backbone is not None:
-                run.target, run.reference = backbone, f"{BASELINE}@{run.label}"
+                run.target, run.reference = backbone, backbone_reference(run.label)
                 out.append(MethodRun(run.reference, AutoregressiveDrafter(), ExactAcceptance(), run.settings_hash,
                                      run.method_name, backbone))
             out.append(run)
@@ -187,12 +192,11 @@ class Evaluator:
         """Each method's peak allocation during a short generation (KV caches and activations; weights apart)."""
         if not self.settings.memory_probe:
             return
-        known = json.loads(self.memory_path.read_text()) if self.memory_path.exists() else {}
+        known = self.memory()
         for run, decoder in decoders:
             if run.label not in known:
                 known[run.label] = peak_allocated_bytes(lambda d=decoder: self._short(d, ids), self.target.model.device)
-        self.memory_path.parent.mkdir(parents=True, exist_ok=True)
-        self.memory_path.write_text(json.dumps(known, indent=1))
+        write_atomic(self.memory_path, json.dumps(known, indent=1))
 
     @staticmethod
     def _short(decoder: Decoder, ids: list[int]) -> Generation:
@@ -203,7 +207,17 @@ class Evaluator:
             decoder.max_new_tokens = limit
 
     def memory(self) -> dict[str, int]:
-        return json.loads(self.memory_path.read_text()) if self.memory_path.exists() else {}
+        """Each label's peak allocation measured in this folder; a damaged memory.json is one line, not a traceback."""
+        if not self.memory_path.exists():
+            return {}
+        try:
+            known = json.loads(self.memory_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            known = None
+        if not isinstance(known, dict) or not all(isinstance(v, (int, float)) for v in known.values()):
+            raise SpecbenchError(f"{self.memory_path} is not a map of method label to bytes: delete it and it is "
+                                 f"measured again")
+        return known
 
     def _fields(self, run: MethodRun, gen: Generation) -> dict:
         params, nbytes = run.drafter.parameters_bytes()

@@ -8,6 +8,7 @@ tree policy and budget) and the run's `tree=`/`accept=` choices resolve exactly 
 
 from __future__ import annotations
 
+import re
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -20,11 +21,16 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from specbench.config import CONF_DIR, build
 from specbench.drafters.base import Drafter
 from specbench.errors import SpecbenchError
+from specbench.evaluation.hf_generate import HF_GENERATE
+from specbench.evaluation.metrics import BASELINE
 from specbench.models.backends import with_backend
 from specbench.models.loading import LoadedModel
 from specbench.trees.policy import TreePolicy
 
 PER_METHOD = ("method", "tree", "accept")  # the config nodes an entry owns; everything else is the run's
+# what a label may hold: a generated one (medusa[tree.budget=8], medusa[tree=dynamic,+method.x=1]) fits, a path does not
+LABEL_CHARS = re.compile(r"[A-Za-z0-9_\-.,=\[\]+@:]+")
+AUTOREGRESSIVE = "specbench.drafters.autoregressive.AutoregressiveDrafter"
 
 
 @dataclass
@@ -65,7 +71,12 @@ def resolve_entries(cfg: DictConfig, run_overrides: list[str] = ()) -> list[Meth
     """The run's methods in order: `methods` when set, else the single `method`."""
     methods = cfg.get("methods")
     if methods is None:
-        return [MethodEntry(cfg.method.name, cfg)]
+        label = str(cfg.method.name)
+        check_label(label, f"method.name={label}", "give another method.name")
+        if is_baseline_label(label) and OmegaConf.select(cfg, "method.drafter._target_") != AUTOREGRESSIVE:
+            raise SpecbenchError(f"method.name={label} is invalid: it names a baseline, which only plain decoding "
+                                 f"(method=autoregressive) may carry; give method.name another name")
+        return [MethodEntry(label, cfg)]
     if not isinstance(methods, ListConfig) or len(methods) == 0:
         raise SpecbenchError(f"methods={methods!r} is invalid: give a non-empty list such as [pld,medusa,ppd]")
     base = [o for o in run_overrides if not o.split("=", 1)[0].lstrip("+~") in ("method", "methods")]
@@ -74,7 +85,15 @@ def resolve_entries(cfg: DictConfig, run_overrides: list[str] = ()) -> list[Meth
         name, overrides, label = _parse(raw)
         if name not in known:
             raise SpecbenchError(f"methods entry '{name}' is not a method config; valid: {', '.join(known)}")
-        label = label or (name if not overrides else f"{name}[{','.join(overrides)}]")
+        given = label is not None
+        label = str(label) if given else name if not overrides else f"{name}[{','.join(overrides)}]"
+        where = f"methods entry label '{label}'" if given else \
+            f"methods entry '{name}' with overrides {overrides}: its label '{label}'"
+        check_label(label, where, f"give the entry {'another' if given else 'a'} label (label: NAME)")
+        if is_baseline_label(label):
+            raise SpecbenchError(f"{where} is invalid: {BASELINE}, {BASELINE}@... and {HF_GENERATE} name the "
+                                 f"baselines the run adds itself, and records under them would be read as plain "
+                                 f"decoding; give the entry another label (label: NAME)")
         if label in {e.label for e in entries}:
             raise SpecbenchError(f"methods lists '{label}' twice; give each entry its own label (label: NAME)")
         composed = _compose([*base, f"method={name}", *overrides])
@@ -84,6 +103,18 @@ def resolve_entries(cfg: DictConfig, run_overrides: list[str] = ()) -> list[Meth
         merged.methods = None
         entries.append(MethodEntry(label, merged))
     return entries
+
+
+def is_baseline_label(label: str) -> bool:
+    return label in (BASELINE, HF_GENERATE) or label.startswith(f"{BASELINE}@")
+
+
+def check_label(label: str, where: str, fix: str) -> None:
+    """A label names records and summary rows and may reach file and folder names: one path component of safe
+    characters."""
+    if not LABEL_CHARS.fullmatch(label) or ".." in label:
+        raise SpecbenchError(f"{where} is invalid: a label is letters, digits and _-.,=[]+@: without '..' (no path "
+                             f"separator or space); {fix}")
 
 
 def _compose(overrides: list[str]) -> DictConfig:

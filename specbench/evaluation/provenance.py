@@ -3,7 +3,8 @@
 Every record and summary row carries the provenance (model, dtype, hw, dataset, the machine, library versions, the
 project's commit) and a hash of the settings that change results. A rerun into a folder made with other settings
 stops with the differing keys named, so records of different settings are never mixed; new methods may be added to a
-folder whose shared settings match.
+folder whose shared settings match. settings.json also maps every hash it wrote to the settings behind it, so a record
+whose hash is not its method's (a record copied in, or settings.json edited) is refused with the differing keys named.
 """
 
 from __future__ import annotations
@@ -11,13 +12,16 @@ from __future__ import annotations
 import hashlib
 import json
 import subprocess
+from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from specbench.errors import SpecbenchError
+from specbench.evaluation.evaluator import backbone_reference
 from specbench.hardware.machine import machine_info
+from specbench.reporting.store import RECORDS_FILE, RecordStore, run_folder_lock, write_atomic
 
 SETTINGS_FILE = "settings.json"
 # eval keys that decide how many prompts run or what is measured on the side, not what a prompt's result is
@@ -42,22 +46,109 @@ def settings_hash(shared: dict, method: dict) -> str:
                         ).hexdigest()[:12]
 
 
-def check_and_save_settings(run_dir: Path, shared: dict, methods: dict[str, dict]) -> None:
-    """Refuse a folder made with other settings (one line naming the keys); record new methods otherwise."""
+@contextmanager
+def open_run_folder(run_dir: Path):
+    """The folder locked for this run until it ends, however it ends (a second run into it stops with one line), and
+    its settings.json and records.jsonl checked before any model or data loads."""
+    with run_folder_lock(run_dir):
+        old = read_settings(run_dir)
+        if old is not None:  # without it, read_settings has refused any records
+            _check_records(run_dir, old["methods"])
+        yield
+
+
+def read_settings(run_dir: Path) -> dict | None:
+    """The folder's settings.json, its shape checked; None for a new folder. Records without it are refused: the
+    settings they were made with would be unknown, and a rerun with other settings would reuse them."""
     path = run_dir / SETTINGS_FILE
-    if path.exists():
-        old = json.loads(path.read_text())
+    if not path.exists():
+        records = run_dir / RECORDS_FILE
+        if records.exists() and records.stat().st_size:
+            raise SpecbenchError(f"run folder '{run_dir}' has {RECORDS_FILE} but no {SETTINGS_FILE}, so the settings "
+                                 f"its records were made with are unknown: put its {SETTINGS_FILE} back, or move "
+                                 f"{RECORDS_FILE} away to start over, or give another hydra.run.dir")
+        return None
+    try:
+        old = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SpecbenchError(f"{path} is not JSON ({exc}): put the run's own {SETTINGS_FILE} back, or give another "
+                             f"hydra.run.dir") from None
+    if not _is_settings(old):
+        raise SpecbenchError(f"{path} is not a settings file: it must be a JSON object {{shared: {{...}}, methods: "
+                             f"{{label: {{...}}}}, hashes: {{hash: {{label, shared, method}}}}}}; put the run's own "
+                             f"{SETTINGS_FILE} back, or give another hydra.run.dir")
+    return old
+
+
+def _is_settings(old) -> bool:
+    """hashes may be missing: folders written before it existed are read as they are."""
+    def is_map(x) -> bool:
+        return isinstance(x, dict) and all(isinstance(v, dict) for v in x.values())
+
+    return (isinstance(old, dict) and isinstance(old.get("shared"), dict) and is_map(old.get("methods"))
+            and is_map(old.get("hashes", {}))
+            and all(isinstance(h.get("shared"), dict) and isinstance(h.get("method"), dict)
+                    for h in old.get("hashes", {}).values()))
+
+
+def check_and_save_settings(run_dir: Path, shared: dict, methods: dict[str, dict]) -> None:
+    """Refuse a folder made with other settings, or holding records that are not its methods' (one line naming the
+    keys or the record's line); record new methods otherwise."""
+    path = run_dir / SETTINGS_FILE
+    old = read_settings(run_dir)
+    hashes = {}
+    if old is not None:
         diffs = _diff(old["shared"], shared, "")
         for label in methods.keys() & old["methods"].keys():
             diffs += _diff(old["methods"][label], methods[label], f"methods[{label}].")
         if diffs:
-            shown = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in diffs[:6]) + ("; ..." if len(diffs) > 6 else "")
-            raise SpecbenchError(f"run folder '{run_dir}' holds results made with other settings ({shown}); records "
-                                 f"of different settings are never mixed: rerun without hydra.run.dir (a new "
+            raise SpecbenchError(f"run folder '{run_dir}' holds results made with other settings ({_shown(diffs)}); "
+                                 f"records of different settings are never mixed: rerun without hydra.run.dir (a new "
                                  f"timestamped folder) or give another hydra.run.dir")
-        methods = {**old["methods"], **methods}
-    run_dir.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"shared": shared, "methods": methods}, indent=1, sort_keys=True, default=str))
+        methods, hashes = {**old["methods"], **methods}, old.get("hashes", {})
+    own = {label: settings_hash(shared, m) for label, m in methods.items()}
+    hashes = hashes | {h: {"label": label, "shared": shared, "method": methods[label]} for label, h in own.items()}
+    _check_records(run_dir, methods, shared, hashes)
+    write_atomic(path, json.dumps({"shared": shared, "methods": methods, "hashes": hashes}, indent=1,
+                                  sort_keys=True, default=str))
+
+
+def _check_records(run_dir: Path, methods: dict[str, dict], shared: dict | None = None,
+                   hashes: dict[str, dict] | None = None) -> None:
+    """Every record must be one of the folder's methods (checked when the folder opens) under that method's hash
+    (once this run's settings are known): a record from another folder, a hand-made one or one made before
+    settings.json was edited would otherwise be summarised as this run's."""
+    # plain decoding of a method's own backbone carries that method's settings (Evaluator._with_backbones)
+    settings = {backbone_reference(label): m for label, m in methods.items()} | methods
+    rows = list(enumerate(RecordStore(run_dir / RECORDS_FILE).rows, 1))
+    ghosts = [(number, record) for number, record in rows if record["method"] not in settings]
+    if ghosts:
+        raise SpecbenchError(f"{_where(run_dir, ghosts)}: method {ghosts[0][1]['method']!r} is not one of this "
+                             f"folder's methods in {SETTINGS_FILE} ({', '.join(sorted(methods))}), so no run into "
+                             f"this folder wrote it; remove such lines or give another hydra.run.dir")
+    if shared is None:
+        return
+    expected = {label: settings_hash(shared, m) for label, m in settings.items()}
+    wrong = [(number, record) for number, record in rows if record.get("settings_hash") != expected[record["method"]]]
+    if not wrong:
+        return
+    label, found = wrong[0][1]["method"], wrong[0][1].get("settings_hash")
+    if isinstance(found, str) and found in hashes:
+        diffs = _diff(hashes[found]["shared"], shared, "") + _diff(hashes[found]["method"], settings[label], "")
+        why = f"made with other settings ({_shown(diffs) or 'none differ, so the hash was computed otherwise'})"
+    else:
+        why = "a hash no run into this folder wrote (a record copied from another run folder?)"
+    raise SpecbenchError(f"{_where(run_dir, wrong)}: the record of {label!r} has settings_hash {found!r}, not "
+                         f"{expected[label]!r} as {label!r} has in {SETTINGS_FILE}: {why}; records of different "
+                         f"settings are never mixed: remove such lines or give another hydra.run.dir")
+
+
+def _where(run_dir: Path, bad: list[tuple[int, dict]]) -> str:
+    return f"{run_dir / RECORDS_FILE} line {bad[0][0]}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
+
+
+def _shown(diffs: list[tuple[str, object, object]]) -> str:
+    return "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in diffs[:6]) + ("; ..." if len(diffs) > 6 else "")
 
 
 def _diff(old, new, prefix: str) -> list[tuple[str, object, object]]:

@@ -22,7 +22,8 @@ from specbench.evaluation.evaluator import EvalSettings, Evaluator, MethodRun
 from specbench.evaluation.hf_generate import HF_GENERATE, check_greedy
 from specbench.evaluation.methods import build_drafter, check_tree, resolve_entries
 from specbench.evaluation.metrics import BASELINE, EAGER_REFERENCE, decoded, summarize
-from specbench.evaluation.provenance import check_and_save_settings, provenance, settings_hash, shared_settings
+from specbench.evaluation.provenance import (check_and_save_settings, open_run_folder, provenance, settings_hash,
+                                              shared_settings)
 from specbench.hardware.profiler import latency_profile
 from specbench.hardware.roofline import DrafterCost, ModelShape, roofline_step_time
 from specbench.acceptance.exact import ExactAcceptance
@@ -50,7 +51,13 @@ BASELINE_SETTINGS = {"method": {"name": BASELINE}, "accept": {"name": "exact"}}
 
 
 def run(cfg, overrides: list[str] | None = None) -> pd.DataFrame:
-    """overrides: the command line's, which every `methods` entry is composed on (read from Hydra inside a run)."""
+    """overrides: the command line's, which every `methods` entry is composed on (read from Hydra inside a run).
+    The run folder is locked until the run ends, however it ends, and its files are checked before anything loads."""
+    with open_run_folder(run_dir(cfg)):
+        return _run(cfg, overrides)
+
+
+def _run(cfg, overrides: list[str] | None) -> pd.DataFrame:
     out = run_dir(cfg)
     settings = EvalSettings(max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.eval.seed, warmup=cfg.eval.warmup,
                             baseline=cfg.eval.baseline, first_turn_only=cfg.eval.first_turn_only,
