@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from specbench.errors import SpecbenchError
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"  # the project's config groups (editable install)
+CONF_DIR = Path(__file__).resolve().parent / "conf"  # the config groups ship inside the package (top-level conf/ links here)
 RUN_LABEL_CHARS = 80  # of the run folder's name, which also holds the time and the dataset (a name is <= 255 bytes)
 
 

@@ -10,9 +10,10 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from hydra import compose, initialize_config_dir  # noqa: E402
 
+from specbench.config import CONF_DIR  # noqa: E402
 from specbench.models import tiny_random  # noqa: E402
 
-CONF = str(Path(__file__).resolve().parents[1] / "conf")
+CONF = str(CONF_DIR)  # what the package ships
 
 
 @pytest.fixture(scope="session")

@@ -13,7 +13,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from specbench.config import build
+from specbench.config import CONF_DIR, build
 from specbench.errors import SpecbenchError
 from specbench.hardware import ghidorah, llmcad, machine_profile
 from specbench.hardware.machine import fingerprint
@@ -25,7 +25,7 @@ from specbench.models.backends import supported
 from tests.conftest import compose_cfg
 
 ROOT = Path(__file__).resolve().parents[1]
-HW_DIR = ROOT / "conf" / "hw"
+HW_DIR = CONF_DIR / "hw"
 FIGURES = dict(peak_tflops={"float16": 100.0, "float32": 10.0}, mem_bandwidth_gbs=1000.0, layer_overhead_ms=0.0,
                memory_gb=16.0, storage_bandwidth_gbs=1.0)
 FAKE_PEAKS = {"peak_tflops": {"float32": 0.2, "bfloat16": 0.8}, "mem_bandwidth_gbs": 40.0, "layer_overhead_ms": 0.1,

@@ -6,12 +6,13 @@ import pandas as pd
 import pytest
 import yaml
 
+from specbench.config import CONF_DIR
 from specbench.errors import SpecbenchError
 from specbench.reporting.paper_table import load_paper, write_report
 from tests.conftest import compose_cfg
 
 ROOT = Path(__file__).resolve().parents[1]
-SEEDS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("seed_*.yaml"))
+SEEDS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("seed_*.yaml"))
 
 
 def paper_yaml(path: Path, rows: list[dict], table: str = "summary.csv") -> Path:

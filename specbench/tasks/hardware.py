@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
-from specbench.config import build
+from specbench.config import CONF_DIR, build
 from specbench.errors import SpecbenchError
 from specbench.hardware import ghidorah, llmcad, plots
 from specbench.hardware.roofline import named_shape, op_costs, project, roofs, sssd_free_budget
@@ -25,7 +25,7 @@ from specbench.reporting.paper_table import report_after_run
 from specbench.tasks._common import run_dir
 from specbench.tasks.report import command_line
 
-HW_DIR = Path(__file__).resolve().parents[2] / "conf" / "hw"
+HW_DIR = CONF_DIR / "hw"
 DEFAULTS = {"model": "llama2_7b", "draft": "tinyllama_1.1b", "context": 256, "tau": "mbpp", "budget_gb": 4.0,
             "llmcad_tau": 2.5, "draft_len": 4}
 

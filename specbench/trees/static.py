@@ -13,11 +13,12 @@ from pathlib import Path
 
 from omegaconf import ListConfig, OmegaConf
 
+from specbench.config import CONF_DIR
 from specbench.errors import SpecbenchError
 from specbench.trees.policy import DraftExpander, GrowingTree, TreePolicy, draw_children
 from specbench.trees.token_tree import TokenTree
 
-PRESET_DIR = Path(__file__).resolve().parents[2] / "conf" / "tree" / "presets"
+PRESET_DIR = CONF_DIR / "tree" / "presets"
 
 RankPath = tuple[int, ...]  # ranks from the root, one per depth
 
