@@ -31,6 +31,7 @@ from specbench.config import build
 from specbench.data.prompts import HELD_OUT_FROM, read_jsonl
 from specbench.errors import SpecbenchError
 from specbench.evaluation.methods import resolve_entries
+from specbench.evaluation.quality import check_quality
 from specbench.models.backends import AUTO, BACKENDS, check_backend
 from specbench.models.loading import DTYPES, check_model_path
 from specbench.sampling import SamplingParams
@@ -77,6 +78,7 @@ class EvalSchema:
     profile_contexts: list[int] = setting(low=1)
     profile_repeats: int = setting(low=1)
     profile_backends: list[str] = setting(choices=list(BACKENDS))
+    quality: Optional[str] = setting()  # its choices and dataset: check_quality below
 
 
 @dataclass
@@ -136,6 +138,7 @@ def _validate(cfg: DictConfig) -> None:
         raise SpecbenchError(f"{key} is not set: " + MISSING_HINTS.get(key, f"give {key}=VALUE"))
     check_schema("", {"seed": cfg.get("seed")}, RunSchema)
     check_schema("eval", _resolved(cfg, "eval"), EvalSchema, high=_max_new_tokens(cfg))
+    check_quality(OmegaConf.select(cfg, "eval.quality"), OmegaConf.select(cfg, "dataset.source"))
     check_schema("sampling", _resolved(cfg, "sampling"), SamplingParams)
     SamplingParams(**_resolved(cfg, "sampling"))  # its ranges: temperature >= 0 and finite, top_p in (0, 1]
     for group, schema in (("datastore", DatastoreSchema), ("calibration", CalibrationSchema)):

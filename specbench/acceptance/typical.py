@@ -4,10 +4,14 @@ A node is accepted when its parent was and the target gives its token p(x) > min
 target distribution at the parent after temperature/top-p/top-k and H its entropy (log(p + 1e-5), as Medusa's code).
 The longest accepted path wins, ties going to the highest summed log p; the bonus token is the target's argmax there
 (Medusa's "first token greedy"). At temperature 0 this is greedy decoding; above it the output is not the target's
-sampling distribution, so the rule is lossy.
+sampling distribution, so the rule is lossy. `temperature` gives the plausibility test its own temperature, as
+Medusa's evaluate_posterior takes one: under greedy sampling the run then decodes greedily except where a plausible
+draft token is kept, which is how typical acceptance is compared with greedy decoding (experiments/quality).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import torch
 
@@ -21,16 +25,20 @@ class TypicalAcceptance(AcceptanceRule):
     name = "typical"
     lossless = False
 
-    def __init__(self, eps: float = 0.09, delta: float = 0.3) -> None:
+    def __init__(self, eps: float = 0.09, delta: float = 0.3, temperature: float | None = None) -> None:
         if not 0 < eps <= 1:
             raise SpecbenchError(f"accept.eps={eps} is invalid: the hard threshold must lie in (0, 1]")
         if delta <= 0:
             raise SpecbenchError(f"accept.delta={delta} is invalid: the entropy threshold scale must be > 0")
-        self.eps, self.delta = eps, delta
+        if temperature is not None and not temperature > 0:
+            raise SpecbenchError(f"accept.temperature={temperature} is invalid: give a temperature > 0, or null for "
+                                 f"the run's sampling temperature")
+        self.eps, self.delta, self.temperature = eps, delta, temperature
 
     def accept(self, tree: TokenTree, logits: torch.Tensor, sampling: SamplingParams,
                generator: torch.Generator | None = None) -> Acceptance:
-        probs = sampling.probs(logits).cpu()
+        posterior = sampling if self.temperature is None else replace(sampling, temperature=self.temperature)
+        probs = posterior.probs(logits).cpu()
         entropy = -(probs * torch.log(probs + 1e-5)).sum(-1)
         threshold = torch.clamp(self.delta * torch.exp(-entropy), max=self.eps)
         parents = tree.parents.tolist()

@@ -26,7 +26,7 @@ from specbench.reporting.store import RECORDS_FILE, RecordStore, run_folder_lock
 SETTINGS_FILE = "settings.json"
 # eval keys that decide how many prompts run or what is measured on the side, not what a prompt's result is
 NOT_RESULT_KEYS = {"num_prompts", "warmup", "latency_profile", "profile_sizes", "profile_context", "profile_repeats",
-                   "memory_probe", "fastest_ar", "profile_backends"}
+                   "memory_probe", "fastest_ar", "profile_backends", "quality"}
 
 
 def shared_settings(cfg: DictConfig, dtype: str, backend: str) -> dict:

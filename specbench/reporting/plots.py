@@ -94,6 +94,8 @@ def save_plots(records: pd.DataFrame, summary: pd.DataFrame, out_dir: str | Path
         figures["latency_profile"] = latency_figure(latency_profile, summary)
     if "alpha_history" in records and records["alpha_history"].notna().any():
         figures["alpha"] = alpha_figure(records, summary)
+    if "pass1" in summary and summary["pass1"].notna().any():  # eval.quality: answers executed
+        figures["quality_frontier"] = quality_figure(summary)
     return [save(fig, out / name)[0] for name, fig in figures.items()]
 
 
@@ -322,6 +324,37 @@ def alpha_figure(records: pd.DataFrame, summary: pd.DataFrame) -> Figure:
     ax.set_title("drafting stops once the best branch's confidence falls below alpha", fontsize=8)
     _legend_outside(ax)
     return _finish(fig, "LLMCad's adaptive verification threshold over one generation", summary)
+
+
+def quality_figure(summary: pd.DataFrame) -> Figure:
+    """The quality-speed frontier (eval.quality): each method's pass@1 (95% CI over problems) against its headline
+    speedup (95% CI), greedy plain decoding's pass@1 as the band a lossless method must sit on. Lossless rules are
+    hollow markers: off the band they would be a bug, where a lossy rule's distance below it is its cost."""
+    rows = summary[summary["pass1"].notna()]
+    fig, ax = plt.subplots(figsize=(8.5, 4.8))
+    styles = method_styles(rows["method"])
+    greedy = rows[rows["method"] == BASELINE]
+    if len(greedy):
+        g = greedy.iloc[0]
+        ax.axhspan(100 * g["pass1_ci_low"], 100 * g["pass1_ci_high"], color="grey", alpha=0.15, lw=0)
+        ax.axhline(100 * g["pass1"], color="grey", lw=0.9, ls="--",
+                   label=f"greedy ({BASELINE}) pass@1 {100 * g['pass1']:.1f}%, 95% CI band")
+    ax.axvline(1.0, color="grey", lw=0.8, ls=":")
+    for _, row in rows.iterrows():
+        x, y = float(row["speedup"]), 100 * float(row["pass1"])
+        xerr = [[max(0.0, x - row["speedup_ci_low"])], [max(0.0, row["speedup_ci_high"] - x)]]
+        yerr = [[max(0.0, y - 100 * row["pass1_ci_low"])], [max(0.0, 100 * row["pass1_ci_high"] - y)]]
+        lossless = bool(row.get("lossless_rule", False))
+        style = styles[row["method"]]
+        ax.errorbar(x, y, xerr=np.nan_to_num(xerr), yerr=np.nan_to_num(yerr), capsize=3, ls="none",
+                    color=style["color"], marker=style["marker"], markersize=7, mfc="white" if lossless else None,
+                    label=f"{row['method']} ({'lossless' if lossless else 'lossy'}): "
+                          f"{100 * row['pass1']:.1f}%, {row['speedup']:.2f}x")
+    ax.set_xlabel(SPEEDUP_LABEL.format(_fastest(summary)))
+    ax.set_ylabel("pass@1 on HumanEval (%, answers executed),\n95% CI over problems")
+    ax.set_ylim(bottom=0)
+    _legend_outside(ax)
+    return _finish(fig, "Quality against speed: pass@1 by execution and speedup per method", summary)
 
 
 def _fastest(table: pd.DataFrame) -> str:

@@ -24,6 +24,7 @@ from specbench.evaluation.methods import build_drafter, check_tree, resolve_entr
 from specbench.evaluation.metrics import BASELINE, EAGER_REFERENCE, decoded, summarize
 from specbench.evaluation.provenance import (check_and_save_settings, open_run_folder, provenance, settings_hash,
                                               shared_settings)
+from specbench.evaluation.quality import with_quality
 from specbench.hardware.profiler import latency_profile
 from specbench.hardware.roofline import DrafterCost, ModelShape, roofline_step_time
 from specbench.acceptance.exact import ExactAcceptance
@@ -124,6 +125,7 @@ def _run(cfg, overrides: list[str] | None) -> pd.DataFrame:
     summary = summarize(records, profile, partial(roofline_step_time, ModelShape.of(target.model), hw),
                         evaluator.memory(), _drafter_costs(drafters, hw), target.max_context, cfg.eval.max_new_tokens)
     summary = _with_streaming(summary, drafters, target, hw)
+    summary = with_quality(summary, records, cfg.eval.quality, target.tokenizer, out)  # pass@1 by execution
     _write_summary(summary, out)
     plots = save_plots(decoded(records), summary, out / "plots", profile)
     log_run(build(cfg.logger) if cfg.get("logger") else None, cfg, summary, plots, out / "records.jsonl")
