@@ -32,7 +32,7 @@ from specbench.data.prompts import HELD_OUT_FROM, read_jsonl
 from specbench.errors import SpecbenchError
 from specbench.evaluation.methods import resolve_entries
 from specbench.evaluation.quality import check_quality
-from specbench.models.backends import AUTO, BACKENDS, check_backend
+from specbench.models.backends import AUTO, BACKENDS, RUN_KEYS, check_backend
 from specbench.models.loading import DTYPES, check_model_path
 from specbench.sampling import SamplingParams
 
@@ -40,8 +40,8 @@ from specbench.sampling import SamplingParams
 # (gemma3_270m: 32768); the loaded model's own context is checked again once it is known (tasks/_common.py)
 MAX_NEW_TOKENS = 32768
 # where a target's annotation is narrower than what its configs give: conf/hw/cpu.yaml's memory_gb is `measured`,
-# which HardwareSpec's `float | None` omits (specbench/hardware/spec.py; drop this once it says `float | str | None`)
-ANNOTATIONS = {("specbench.hardware.HardwareSpec", "memory_gb"): float | str | None}
+# which HardwareSpec's `float | None` omits (specbench/hardware/modelled/spec.py; drop this once it says `float | str | None`)
+ANNOTATIONS = {("specbench.hardware.modelled.spec.HardwareSpec", "memory_gb"): float | str | None}
 MISSING_HINTS = {
     "dataset.path": "dataset=jsonl needs dataset.path=FILE (lines of {question_id, category, turns})",
     "model.path": "model=hf needs model.path=<local dir | file.gguf | hub id already in the offline cache>",
@@ -188,7 +188,10 @@ def check_schema(prefix: str, values: dict, schema, high: dict | None = None) ->
 
 
 def check_target(key: str, values: dict) -> None:
-    """A node instantiated by Hydra: each key a parameter of its _target_, of the annotated type."""
+    """A node instantiated by Hydra: each key a parameter of its _target_, of the annotated type (a model's RUN_KEYS
+    are the task's, checked in _check_inputs)."""
+    if key == "model":
+        values = {k: v for k, v in values.items() if k not in RUN_KEYS}
     target = get_object(values["_target_"])
     params = inspect.signature(target).parameters
     hints = typing.get_type_hints(target.__init__ if inspect.isclass(target) else target)

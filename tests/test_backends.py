@@ -130,8 +130,8 @@ def test_auto_runs_on_the_profiles_cheapest_verify_and_judges_it_against_the_fas
     """A hand-made profile: prepacked fp32 is flat in n (cheapest for trees), eager bf16 is cheapest for one token."""
     import pandas as pd
 
-    from specbench.hardware.machine import machine_info
-    from specbench.hardware.machine_profile import MachineProfile, profile_path
+    from specbench.hardware.measured.machine import machine_info
+    from specbench.hardware.measured.machine_profile import MachineProfile, profile_path
     from specbench.tasks import eval as eval_task
     from tests.conftest import compose_cfg
 

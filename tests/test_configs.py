@@ -8,8 +8,8 @@ from hydra.utils import instantiate
 from specbench.acceptance.base import AcceptanceRule
 from specbench.errors import SpecbenchError
 from specbench.evaluation.methods import build_drafter
+from specbench.hardware.modelled.spec import HardwareSpec
 from specbench.tasks import available
-from specbench.hardware import HardwareSpec
 from specbench.trees.policy import TreePolicy
 
 from .conftest import CONF, compose_cfg

@@ -6,14 +6,15 @@ import pandas as pd
 import pytest
 
 from specbench.decoding import Decoder
+from specbench.drafters.base import DrafterCost
 from specbench.errors import SpecbenchError
 from specbench.evaluation.metrics import paired_speedup, per_depth_acceptance, summarize
 from specbench.evaluation.precision import ExecutionPlan, plan
-from specbench.hardware.machine import machine_info
-from specbench.hardware.machine_profile import MachineProfile, profile_path
-from specbench.hardware.roofline import DrafterCost, named_shape
-from specbench.trees.hardware_aware import best_budget
+from specbench.hardware.measured.machine import machine_info
+from specbench.hardware.measured.machine_profile import MachineProfile, profile_path
+from specbench.models.shape import named_shape
 from specbench.tasks import eval as eval_task
+from specbench.trees.hardware_aware import best_budget
 
 from .conftest import compose_cfg
 

@@ -14,14 +14,17 @@ import torch
 from omegaconf import OmegaConf
 
 from specbench.config import CONF_DIR, build
+from specbench.drafters.base import DrafterCost
 from specbench.errors import SpecbenchError
-from specbench.hardware import ghidorah, llmcad, machine_profile
-from specbench.hardware.machine import fingerprint
-from specbench.hardware.machine_profile import MachineProfile, choose_execution, load_or_measure_profile
-from specbench.hardware.roofline import (DrafterCost, ModelShape, op_costs, project, roofline_ops, roofline_step_time,
-                                         named_shape, sssd_free_budget)
-from specbench.hardware.spec import HardwareSpec
+from specbench.hardware.measured import machine_profile, with_measurements
+from specbench.hardware.measured.machine import fingerprint
+from specbench.hardware.measured.machine_profile import MachineProfile, choose_execution, load_or_measure_profile
+from specbench.hardware.modelled import ghidorah, llmcad
+from specbench.hardware.modelled.ops import op_costs, roofline_ops
+from specbench.hardware.modelled.roofline import project, roofline_step_time, sssd_free_budget
+from specbench.hardware.modelled.spec import HardwareSpec
 from specbench.models.backends import supported
+from specbench.models.shape import ModelShape, named_shape
 from tests.conftest import compose_cfg
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,7 +36,7 @@ FAKE_PEAKS = {"peak_tflops": {"float32": 0.2, "bfloat16": 0.8}, "mem_bandwidth_g
 
 
 def board(name: str) -> HardwareSpec:
-    return build(OmegaConf.load(HW_DIR / f"{name}.yaml"))
+    return with_measurements(build(OmegaConf.load(HW_DIR / f"{name}.yaml")))
 
 
 def simple(**kw) -> HardwareSpec:
@@ -318,7 +321,7 @@ def test_choose_execution_weighs_backends_against_dtypes_and_keeps_to_the_allowe
 
 
 def test_latency_profile_over_contexts_with_min_or_median(tiny):
-    from specbench.hardware.profiler import latency_profile
+    from specbench.hardware.measured.profiler import latency_profile
 
     fast = latency_profile(tiny.model, sizes=[1, 2], context=[8, 16], repeats=3, statistic="min")
     assert list(zip(fast["context"], fast["tokens"])) == [(8, 1), (8, 2), (16, 1), (16, 2)]

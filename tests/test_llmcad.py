@@ -19,14 +19,13 @@ from specbench.drafters.draft_model import DraftModelDrafter
 from specbench.drafters.llmcad import LLMCadDrafter
 from specbench.errors import SpecbenchError
 from specbench.evaluation.methods import build_drafter
-from specbench.hardware import llmcad
-from specbench.hardware.roofline import named_shape
+from specbench.hardware.modelled import llmcad
+from specbench.models.shape import named_shape
 from specbench.sampling import SamplingParams
 from specbench.trees.llmcad import LLMCadPolicy
 
 from .conftest import compose_cfg
 from .test_draft_model import PROMPTS, lively_tiny, noisy_copy
-
 
 
 class FixedDraft:
@@ -247,7 +246,7 @@ def test_two_drafts_are_refused(tiny):
                       early_exit_layers=1)
 
 
-# The memory-budget projection (specbench/hardware/llmcad.py, added to the summary by task=eval)
+# The memory-budget projection (specbench/hardware/modelled/llmcad.py, added to the summary by task=eval)
 
 
 def test_projection_of_a_summary_row_under_a_memory_budget(tmp_path):

@@ -11,10 +11,15 @@ import pandas as pd
 import pytest
 
 from specbench.errors import SpecbenchError
-from specbench.hardware import machine_profile
-from specbench.hardware.machine import fingerprint
-from specbench.hardware.machine_profile import (MachineProfile, load_or_measure_profile, measured_peaks,
-                                                profile_path, write_atomic)
+from specbench.hardware.measured import machine_profile
+from specbench.hardware.measured.machine import fingerprint
+from specbench.hardware.measured.machine_profile import (
+    MachineProfile,
+    load_or_measure_profile,
+    measured_peaks,
+    profile_path,
+    write_atomic,
+)
 
 PEAKS = {"peak_tflops": {"float32": 0.2}, "mem_bandwidth_gbs": 40.0, "layer_overhead_ms": 0.1, "memory_gb": 16.0}
 SIZES, CONTEXTS = [1, 4], [8, 16]

@@ -9,11 +9,12 @@ user gives; nothing is fetched at run time.
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from specbench.data.packages import package_file
+from specbench.data.sharegpt import read_sharegpt
 from specbench.errors import SpecbenchError
 
 
@@ -22,16 +23,6 @@ class Prompt:
     question_id: str
     category: str
     turns: tuple[str, ...]
-
-
-def package_file(module: str, rel: str, install: str) -> Path:
-    spec = importlib.util.find_spec(module)
-    if spec is None or not spec.submodule_search_locations:
-        raise SpecbenchError(f"dataset package '{module}' is not installed; install it with `{install}`")
-    path = Path(spec.submodule_search_locations[0]) / rel
-    if not path.exists():
-        raise SpecbenchError(f"dataset file '{path}' is missing from package '{module}'")
-    return path
 
 
 def read_jsonl(path: str | Path) -> list[Prompt]:
@@ -98,7 +89,6 @@ HELD_OUT_FROM = 10_000  # ShareGPT conversations from here on are evaluation pro
 def sharegpt(offset: int = HELD_OUT_FROM, count: int = 400) -> list[Prompt]:
     """First user turns of ShareGPT conversations far past the ones drafters train on (training takes the first few
     thousand), so evaluation prompts are held out."""
-    from specbench.data.sharegpt import read_sharegpt
 
     return [Prompt(f"sharegpt-{offset + i}", "sharegpt", (conv[0]["content"],))
             for i, conv in enumerate(read_sharegpt(offset + count)[offset:])]
@@ -107,7 +97,6 @@ def sharegpt(offset: int = HELD_OUT_FROM, count: int = 400) -> list[Prompt]:
 def summarization(offset: int = HELD_OUT_FROM, count: int = 10_000, max_chars: int = 3000) -> list[Prompt]:
     """Held-out ShareGPT first turns that ask for a summary of text they carry (Spec-Bench's summarisation category
     uses CNN/DM, which no offline package ships): the answer copies from the prompt, where n-gram drafters shine."""
-    from specbench.data.sharegpt import read_sharegpt
 
     return [Prompt(f"sharegpt-{offset + i}", "summarization", (conv[0]["content"],))
             for i, conv in enumerate(read_sharegpt(offset + count)[offset:])

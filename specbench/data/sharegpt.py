@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from specbench.data.prompts import package_file
+from specbench.data.packages import package_file
 
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "chatgpt": "assistant", "assistant": "assistant"}
 

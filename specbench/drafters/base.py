@@ -7,8 +7,20 @@ from dataclasses import dataclass
 
 import torch
 
+from specbench.models.shape import ModelShape
 from specbench.trees.token_tree import TokenTree
 from specbench.verification.tree_forward import VerifyOutput
+
+
+@dataclass(frozen=True)
+class DrafterCost:
+    """The drafter's own work per step. Medusa: heads on the verified rows; draft model: sequential forwards of a
+    smaller model; PPD: prompt-token rows appended to the target's forward (priced as extra rows)."""
+
+    medusa_heads: int = 0  # each: a ResBlock (h x h) and an LM-head projection (h x vocab), read per step
+    draft: ModelShape | None = None
+    draft_forwards: int = 0
+    prompt_tokens: int = 0
 
 
 @dataclass

@@ -32,8 +32,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from specbench.drafters.base import DrafterCost
 from specbench.errors import SpecbenchError
-from specbench.hardware.roofline import DrafterCost
 
 BASELINE = "autoregressive"
 EAGER_REFERENCE = f"{BASELINE}@eager"  # eval.eager_reference: plain decoding on transformers' eager forward

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specbench.errors import SpecbenchError
-from specbench.hardware.machine_profile import MachineProfile, choose_execution, fastest_plain
+from specbench.hardware.measured.machine_profile import MachineProfile, choose_execution, fastest_plain
 from specbench.models.backends import AUTO, check_backend
 from specbench.models.loading import DTYPES
 

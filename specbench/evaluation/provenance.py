@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from specbench.errors import SpecbenchError
 from specbench.evaluation.evaluator import backbone_reference
-from specbench.hardware.machine import machine_info
+from specbench.hardware.measured.machine import machine_info
 from specbench.reporting.store import RECORDS_FILE, RecordStore, run_folder_lock, write_atomic
 
 SETTINGS_FILE = "settings.json"

@@ -8,7 +8,7 @@
   prepacks and folds. Compile time is paid on the first forwards and reported apart (`compile_seconds`); inductor
   caches compiled graphs across processes.
 
-`auto` is not a backend: the evaluator resolves it from the machine profile (hardware/machine_profile.py).
+`auto` is not a backend: the evaluator resolves it from the machine profile (hardware/measured/machine_profile.py).
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ from specbench.models.loading import LoadedModel, shallow_view
 
 BACKENDS = ("eager", "prepacked", "compile")
 AUTO = "auto"
+# keys of a `model` config that say how the loaded model runs: the task applies them after loading (and after the
+# machine profile has chosen), so they are no arguments of the loaders
+RUN_KEYS = ("backend",)
 
 
 def check_backend(name: str) -> None:

@@ -131,9 +131,9 @@ def check_model_path(path) -> None:
 
 
 def load_model(name: str, path: str, dtype: str = "bfloat16", device: str = "cpu", use_cache: bool = True,
-               trust_remote_code: bool = False, chat_template: bool = True, backend: str = "eager") -> LoadedModel:
-    """Load the model behind `path` (see resolve_path), converting GGUF files once into a safetensors cache, and run
-    it on `backend` (models/backends.py; auto loads eager: the evaluator resolves auto from the machine profile)."""
+               trust_remote_code: bool = False, chat_template: bool = True) -> LoadedModel:
+    """Load the model behind `path` (see resolve_path), converting GGUF files once into a safetensors cache. It runs
+    on transformers' eager forward: a task applies the run's execution backend (models/backends.py) afterwards."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     resolved = resolve_path(path)
@@ -159,15 +159,7 @@ def load_model(name: str, path: str, dtype: str = "bfloat16", device: str = "cpu
     if load_kwargs and use_cache and cached is not None:
         _save_cache(model, tokenizer, cached)
     model = model.to(dtype=torch_dtype(dtype), device=device).eval()
-    loaded = LoadedModel(name=name, model=model, tokenizer=tokenizer, source=str(resolved), chat_template=chat_template)
-    return apply_backend(loaded, backend)
-
-
-def apply_backend(loaded: LoadedModel, backend: str) -> LoadedModel:
-    from specbench.models.backends import AUTO, check_backend, with_backend  # backends builds on LoadedModel
-
-    check_backend(backend)
-    return loaded if backend == AUTO else with_backend(loaded, backend)
+    return LoadedModel(name=name, model=model, tokenizer=tokenizer, source=str(resolved), chat_template=chat_template)
 
 
 def _fingerprint(path: Path) -> str:

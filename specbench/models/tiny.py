@@ -6,7 +6,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from specbench.models.loading import LoadedModel, apply_backend, torch_dtype
+from specbench.models.loading import LoadedModel, torch_dtype
 
 CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
                  "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -27,8 +27,7 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
 
 def tiny_random(name: str = "tiny_random", hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4,
                 num_kv_heads: int = 2, max_context: int = 512, seed: int = 0, dtype: str = "float32",
-                device: str = "cpu", vocab_size: int | None = None, chat_template: bool = True,
-                backend: str = "eager") -> LoadedModel:
+                device: str = "cpu", vocab_size: int | None = None, chat_template: bool = True) -> LoadedModel:
     tokenizer = byte_tokenizer()
     config = LlamaConfig(vocab_size=vocab_size or len(tokenizer), hidden_size=hidden_size,
                          intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
@@ -40,5 +39,5 @@ def tiny_random(name: str = "tiny_random", hidden_size: int = 64, num_layers: in
     with torch.no_grad():  # sharper logits than the default init, so drafts get accepted sometimes
         model.lm_head.weight.mul_(8.0)
     model = model.to(dtype=torch_dtype(dtype), device=device).eval()
-    return apply_backend(LoadedModel(name=name, model=model, tokenizer=tokenizer, source="in-process random init",
-                                     chat_template=chat_template), backend)
+    return LoadedModel(name=name, model=model, tokenizer=tokenizer, source="in-process random init",
+                       chat_template=chat_template)

@@ -6,11 +6,14 @@ from pathlib import Path
 
 import torch
 from hydra.core.hydra_config import HydraConfig
+from omegaconf import OmegaConf
 
 from specbench.config import build
 from specbench.errors import SpecbenchError
 from specbench.evaluation.precision import AUTO
-from specbench.hardware.spec import HardwareSpec
+from specbench.hardware.measured import with_measurements
+from specbench.hardware.modelled.spec import HardwareSpec
+from specbench.models.backends import RUN_KEYS
 from specbench.models.loading import LoadedModel
 
 
@@ -27,13 +30,24 @@ def load_dtype(cfg) -> str:
     return "float32" if cfg.eval.dtype == AUTO else cfg.eval.dtype
 
 
+def build_hw(cfg) -> HardwareSpec:
+    """The `hw` config's spec; hw=cpu and hw=cuda read their `measured` figures from this machine's profile."""
+    return with_measurements(build(cfg.hw))
+
+
+def build_model(model_cfg, **kwargs) -> LoadedModel:
+    """The model a `model` config names, on transformers' eager forward: its RUN_KEYS (backend) are run settings a
+    task applies once the machine profile has chosen (models/backends.py), not arguments of the loaders."""
+    return build(OmegaConf.masked_copy(model_cfg, [k for k in model_cfg if k not in RUN_KEYS]), **kwargs)
+
+
 def setup_target(cfg, dtype: str | None = None) -> tuple[HardwareSpec, LoadedModel]:
     """The hardware spec (its device checked and activated) and the target in `dtype` (default: load_dtype), on the
     eager backend: a task casts it first and then applies model.backend (training needs eager's backward)."""
-    hw: HardwareSpec = build(cfg.hw)
+    hw = build_hw(cfg)
     device = hw.activate()
     torch.manual_seed(cfg.seed)
-    target = build(cfg.model, dtype=dtype or load_dtype(cfg), device=str(device), backend="eager")
+    target = build_model(cfg.model, dtype=dtype or load_dtype(cfg), device=str(device))
     check_context(cfg.eval.max_new_tokens, target)
     return hw, target
 

@@ -9,7 +9,7 @@ from specbench.config import build
 from specbench.data.prompts import encode_prompt
 from specbench.evaluation.calibration import calibrate, probe_tree
 from specbench.evaluation.methods import build_drafter, drafter_class
-from specbench.tasks._common import load_dtype
+from specbench.tasks._common import build_model, load_dtype
 
 
 def run(cfg) -> Path:
@@ -18,7 +18,7 @@ def run(cfg) -> Path:
     depth, ranks = int(opts.get("depth", 5)), int(opts.get("ranks", 8))
     num_prompts = int(opts.get("num_prompts", cfg.eval.num_prompts))
     max_new_tokens = int(opts.get("max_new_tokens", cfg.eval.max_new_tokens))
-    target = build(cfg.model, dtype=load_dtype(cfg))
+    target = build_model(cfg.model, dtype=load_dtype(cfg))
     # a drafter that takes tree policies is probed with the rank-0 chain and all its siblings; a native one drafts
     # its own tree, whose accepted nodes are scored all the same
     probes = "static" in drafter_class(cfg.method.drafter).tree_policies

@@ -5,13 +5,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from specbench.config import build
 from specbench.data.datastore import Datastore, default_path, sharegpt_documents
+from specbench.tasks._common import build_model
 
 
 def run(cfg) -> Path:
     settings = cfg.datastore
-    target = build(cfg.model, dtype="float32")  # only the tokenizer is used; loading from the cache takes ~1 s
+    target = build_model(cfg.model, dtype="float32")  # only the tokenizer is used; loading from the cache takes ~1 s
     path = Path(settings.path).expanduser() if settings.get("path") else default_path(target.name)
     start = time.perf_counter()
     documents = sharegpt_documents(target.tokenizer, settings.num_conversations, target.chat_template)

@@ -17,32 +17,39 @@ import pandas as pd
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 
+from specbench.acceptance.exact import ExactAcceptance
 from specbench.config import build
+from specbench.drafters.autoregressive import AutoregressiveDrafter
+from specbench.drafters.base import DrafterCost
+from specbench.drafters.medusa import MedusaDrafter
 from specbench.evaluation.evaluator import EvalSettings, Evaluator, MethodRun
 from specbench.evaluation.hf_generate import HF_GENERATE, check_greedy
 from specbench.evaluation.methods import build_drafter, check_tree, resolve_entries
 from specbench.evaluation.metrics import BASELINE, EAGER_REFERENCE, decoded, summarize
-from specbench.evaluation.provenance import (check_and_save_settings, open_run_folder, provenance, settings_hash,
-                                              shared_settings)
-from specbench.evaluation.quality import with_quality
-from specbench.hardware.profiler import latency_profile
-from specbench.hardware.roofline import DrafterCost, ModelShape, roofline_step_time
-from specbench.acceptance.exact import ExactAcceptance
-from specbench.drafters.autoregressive import AutoregressiveDrafter
-from specbench.drafters.medusa import MedusaDrafter
 from specbench.evaluation.precision import AUTO, check_dtype, plan
+from specbench.evaluation.provenance import (
+    check_and_save_settings,
+    open_run_folder,
+    provenance,
+    settings_hash,
+    shared_settings,
+)
+from specbench.evaluation.quality import with_quality
+from specbench.hardware.measured.machine_profile import load_or_measure_profile
+from specbench.hardware.measured.profiler import latency_profile
+from specbench.hardware.modelled.llmcad import project_llmcad
+from specbench.hardware.modelled.roofline import roofline_step_time
+from specbench.hardware.modelled.spec import MEASURED
 from specbench.models.backends import check_backend, check_profile_backends, with_backend
-from specbench.hardware.llmcad import project_llmcad
-from specbench.hardware.machine_profile import load_or_measure_profile
-from specbench.hardware.spec import MEASURED
-from specbench.trees.hardware_aware import HardwareAwarePolicy
 from specbench.models.loading import with_dtype
+from specbench.models.shape import ModelShape
 from specbench.reporting.loggers import log_run
 from specbench.reporting.paper_table import report_after_run
 from specbench.reporting.plots import save_plots
 from specbench.sampling import SamplingParams
 from specbench.tasks._common import run_dir, setup_target
 from specbench.tasks.report import command_line
+from specbench.trees.hardware_aware import HardwareAwarePolicy
 
 # the printed table: speedup is the headline (ratio of means against the fastest plain decoding, `fastest_ar`)
 TABLE = ["method", "backend", "dtype", "tau", "tokens_per_s", "speedup", "speedup_ci_low", "speedup_ci_high",

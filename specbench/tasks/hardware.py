@@ -10,19 +10,20 @@ Table I row), budget_gb (4), llmcad_tau (2.5: assumed tokens per target forward)
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 from omegaconf import OmegaConf
 
 from specbench.config import CONF_DIR, build
 from specbench.errors import SpecbenchError
-from specbench.hardware import ghidorah, llmcad, plots
-from specbench.hardware.roofline import named_shape, op_costs, project, roofs, sssd_free_budget
-from specbench.hardware.spec import BYTES_PER, HardwareSpec
+from specbench.hardware.measured import with_measurements
+from specbench.hardware.modelled import ghidorah, llmcad, plots
+from specbench.hardware.modelled.ops import op_costs, roofs
+from specbench.hardware.modelled.roofline import project, sssd_free_budget
+from specbench.hardware.modelled.spec import HardwareSpec
+from specbench.models.shape import BYTES_PER, named_shape
 from specbench.reporting.paper_table import report_after_run
-from specbench.tasks._common import run_dir
+from specbench.tasks._common import build_hw, run_dir
 from specbench.tasks.report import command_line
 
 HW_DIR = CONF_DIR / "hw"
@@ -35,7 +36,7 @@ def load_hw(name: str) -> HardwareSpec:
     if not path.exists():
         valid = ", ".join(sorted(p.stem for p in HW_DIR.glob("*.yaml")))
         raise SpecbenchError(f"hw '{name}' is unknown; valid: {valid}")
-    return build(OmegaConf.load(path))
+    return with_measurements(build(OmegaConf.load(path)))
 
 
 def _local_dtype(cfg, hw: HardwareSpec) -> str:
@@ -58,7 +59,7 @@ def run(cfg) -> dict:
         raise SpecbenchError(f"hardware.{sorted(unknown)[0]} is unknown; valid: {', '.join(DEFAULTS)}")
     if opts["tau"] not in ghidorah.GHIDORAH_TAU:
         raise SpecbenchError(f"hardware.tau='{opts['tau']}' is unknown; valid: {', '.join(ghidorah.GHIDORAH_TAU)}")
-    hw: HardwareSpec = build(cfg.hw)
+    hw = build_hw(cfg)
     model, ctx = named_shape(opts["model"]), opts["context"]
     local = _local_dtype(cfg, hw)
     if hw.weight_dtype is None:  # the machine at hand runs the run's dtype

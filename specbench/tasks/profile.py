@@ -6,15 +6,18 @@ eval.profile_backends under model.backend=auto, else model.backend beside eager 
 
 from __future__ import annotations
 
-
 import pandas as pd
 
-from specbench.hardware.machine_profile import (as_spec, choose_execution, load_or_measure_profile,
-                                                roofline_error)
+from specbench.hardware.measured.machine_profile import (
+    as_spec,
+    choose_execution,
+    load_or_measure_profile,
+    roofline_error,
+)
+from specbench.hardware.measured.profiler import weight_streaming
+from specbench.hardware.modelled.plots import profile_vs_roofline
 from specbench.models.backends import AUTO, check_backend, check_profile_backends
-from specbench.hardware.plots import profile_vs_roofline
-from specbench.hardware.profiler import weight_streaming
-from specbench.hardware.roofline import ModelShape
+from specbench.models.shape import ModelShape
 from specbench.tasks._common import run_dir, setup_target
 
 

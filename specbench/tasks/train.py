@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from specbench.config import build
 from specbench.errors import SpecbenchError
 from specbench.models.loading import cache_root
-from specbench.tasks._common import run_dir
+from specbench.tasks._common import build_model, run_dir
 from specbench.models.artifact import save_artifact
 from specbench.reporting.loggers import log_artifact
 from specbench.training.datamodule import ShareGPTDataModule
@@ -42,13 +42,13 @@ def train(cfg: DictConfig, run_dir: Path, callbacks: list | None = None) -> dict
         raise SpecbenchError(f"method={method} has nothing to train; trainable methods: medusa, ppd, draft_model, "
                              f"eagle")
     run_dir.mkdir(parents=True, exist_ok=True)
-    target = build(cfg.model, dtype=tcfg.dtype)
+    target = build_model(cfg.model, dtype=tcfg.dtype)
     extra = {"tokenizer": target.tokenizer} if get_class(tcfg.module._target_).needs_tokenizer else {}
     module = build(tcfg.module, backbone=target.model, **extra)
     generator = None
     if tcfg.data.self_distill is not None:
         sd_dtype = tcfg.data.self_distill.dtype
-        generator = target if sd_dtype == tcfg.dtype else build(cfg.model, dtype=sd_dtype)
+        generator = target if sd_dtype == tcfg.dtype else build_model(cfg.model, dtype=sd_dtype)
     data = ShareGPTDataModule(target.tokenizer, tcfg.data.num_conversations, tcfg.data.num_val,
                               tcfg.data.max_length, tcfg.data.batch_size,
                               None if tcfg.data.self_distill is None else OmegaConf.to_container(tcfg.data.self_distill),

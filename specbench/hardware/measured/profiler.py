@@ -13,9 +13,10 @@ import torch
 from tqdm.auto import tqdm
 from transformers import DynamicCache
 
-from specbench.hardware.roofline import ModelShape, roofline_step_time
+from specbench.hardware.modelled.roofline import roofline_step_time
+from specbench.hardware.modelled.spec import HardwareSpec
 from specbench.models.backends import PackedLinear, supported
-from specbench.hardware.spec import HardwareSpec
+from specbench.models.shape import ModelShape
 from specbench.trees.token_tree import TokenTree
 from specbench.verification import verify_tree
 

@@ -13,8 +13,10 @@ from collections.abc import Mapping
 import pandas as pd
 
 from specbench.errors import SpecbenchError
-from specbench.hardware.roofline import ModelShape, board_dtype, roofline_step_time
-from specbench.hardware.spec import HardwareSpec
+from specbench.hardware.modelled.ops import board_dtype
+from specbench.hardware.modelled.roofline import roofline_step_time
+from specbench.hardware.modelled.spec import HardwareSpec
+from specbench.models.shape import ModelShape
 
 
 def _kv_bytes(shape: ModelShape, context: float, dtype_bytes: float) -> float:

@@ -1,22 +1,23 @@
 """A hardware backend: where the run executes, and the figures the cost models read.
 
 A spec is either a datasheet (jetson, a100, ...: every figure sourced in its conf/hw file) or the machine at hand
-(hw=cpu, hw=cuda: `measured` figures, read from the cached machine profile, see machine_profile.py).
+(hw=cpu, hw=cuda: `measured` figures, read from the cached machine profile: hardware/measured/machine_profile.py).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from functools import cached_property
+from typing import Callable
 
 import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from specbench.errors import SpecbenchError
+from specbench.models.shape import check_dtype
 
 MEASURED = "measured"
 PARTITIONS = ("gpu_only", "megatron", "hcmp")
-BYTES_PER = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.0, "int4": 0.5}
 UNIT_KINDS = ("cpu", "gpu", "npu")
 # Figures every hw file states; `measured` (all but storage) reads them from this machine's profile.
 REQUIRED = {"peak_tflops": "{dtype: dense matrix TFLOP/s} or measured",
@@ -53,6 +54,7 @@ class HardwareSpec:
     units: list = field(default_factory=list)  # ProcessingUnit fields per unit; Ghidorah splits work across them
     sync_ms: float = 0.0  # cross-unit synchronisation per partitioned op (Ghidorah: < 0.1 ms on Xavier NX)
     partition: str = "gpu_only"  # gpu_only | megatron | hcmp (Ghidorah, simulated)
+    measure: Callable[[torch.device], dict] | None = field(default=None, compare=False, repr=False)  # peaks on device
 
     def __post_init__(self) -> None:
         for f in fields(self):  # Hydra hands DictConfig/ListConfig; keep plain containers
@@ -69,7 +71,7 @@ class HardwareSpec:
                 raise SpecbenchError(f"hw '{self.name}': {key}=measured is not supported; give {what}")
         if isinstance(self.peak_tflops, dict):
             for dtype, value in self.peak_tflops.items():
-                _check_dtype(dtype, f"hw '{self.name}' peak_tflops")
+                check_dtype(dtype, f"hw '{self.name}' peak_tflops")
                 _positive(self.name, f"peak_tflops.{dtype}", value)
         elif self.peak_tflops != MEASURED:
             raise SpecbenchError(f"hw '{self.name}': peak_tflops={self.peak_tflops!r} is invalid; "
@@ -82,7 +84,7 @@ class HardwareSpec:
             raise SpecbenchError(f"hw '{self.name}': layer_overhead_ms={self.layer_overhead_ms!r} is invalid; "
                                  f"valid: a number >= 0 or measured")
         if self.weight_dtype is not None:
-            _check_dtype(self.weight_dtype, f"hw '{self.name}' weight_dtype")
+            check_dtype(self.weight_dtype, f"hw '{self.name}' weight_dtype")
         if self.partition not in PARTITIONS:
             raise SpecbenchError(f"hw.partition='{self.partition}' is unknown; valid: {', '.join(PARTITIONS)}")
         object.__setattr__(self, "units", [u if isinstance(u, ProcessingUnit) else self._unit(u) for u in self.units])
@@ -101,16 +103,19 @@ class HardwareSpec:
                                  f"{', '.join(UNIT_KINDS)}")
         _positive(self.name, f"unit {spec['name']} mem_bandwidth_gbs", spec["mem_bandwidth_gbs"])
         for dtype, value in spec["peak_tflops"].items():
-            _check_dtype(dtype, f"hw '{self.name}' unit {spec['name']}")
+            check_dtype(dtype, f"hw '{self.name}' unit {spec['name']}")
             _positive(self.name, f"unit {spec['name']} peak_tflops.{dtype}", value)
         return ProcessingUnit(**spec)
 
-    # The figures, with `measured` ones read from this machine's profile (measured once, cached).
+    # The figures, with `measured` ones read from this machine's profile through `measure` (hardware/measured sets
+    # it: this half models hardware and never measures, so the cost models need no measuring code below them).
     @cached_property
     def _measured(self) -> dict:
-        from specbench.hardware.machine_profile import measured_peaks
-
-        return measured_peaks(self.activate())
+        device = self.activate()
+        if self.measure is None:
+            raise SpecbenchError(f"hw '{self.name}' has measured figures but nothing to measure them with; build it "
+                                 f"with specbench.hardware.measured.with_measurements")
+        return self.measure(device)
 
     @property
     def peaks(self) -> dict[str, float]:
@@ -157,17 +162,6 @@ class HardwareSpec:
         if self.num_threads:
             torch.set_num_threads(self.num_threads)
         return torch.device(device)
-
-
-def bytes_per(dtype: str) -> float:
-    """Bytes per parameter of a dtype name (int4: half a byte)."""
-    _check_dtype(dtype, "dtype")
-    return BYTES_PER[dtype]
-
-
-def _check_dtype(dtype: str, where: str) -> None:
-    if dtype not in BYTES_PER:
-        raise SpecbenchError(f"{where}: dtype '{dtype}' is unknown; valid: {', '.join(BYTES_PER)}")
 
 
 def _positive(name: str, key: str, value) -> None:

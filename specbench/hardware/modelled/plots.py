@@ -11,8 +11,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from specbench.hardware.roofline import ModelShape, board_dtype, op_costs, roofs  # noqa: E402
-from specbench.hardware.spec import HardwareSpec  # noqa: E402
+from specbench.hardware.modelled.ops import board_dtype, op_costs, roofs  # noqa: E402
+from specbench.hardware.modelled.spec import HardwareSpec  # noqa: E402
+from specbench.models.shape import ModelShape
 
 
 def _save(fig, path: Path) -> Path:

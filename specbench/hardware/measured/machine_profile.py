@@ -23,12 +23,13 @@ import torch
 from transformers import DynamicCache
 
 from specbench.errors import SpecbenchError
-from specbench.hardware.machine import fingerprint, machine_info
-from specbench.hardware.profiler import latency_profile
-from specbench.hardware.roofline import ModelShape, roofline_step_time
-from specbench.hardware.spec import HardwareSpec
+from specbench.hardware.measured.machine import fingerprint, machine_info
+from specbench.hardware.measured.profiler import latency_profile
+from specbench.hardware.modelled.roofline import roofline_step_time
+from specbench.hardware.modelled.spec import HardwareSpec
 from specbench.models.backends import BACKENDS, supported, with_backend
 from specbench.models.loading import LoadedModel, cache_root, torch_dtype, with_dtype
+from specbench.models.shape import ModelShape
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 CONTEXTS = (128, 1024)

@@ -12,9 +12,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from specbench.drafters.base import DrafterCost
 from specbench.errors import SpecbenchError
-from specbench.hardware.roofline import DrafterCost, ModelShape, board_dtype, compute_dtype, drafter_costs, op_costs
-from specbench.hardware.spec import PARTITIONS, HardwareSpec, ProcessingUnit
+from specbench.hardware.modelled.ops import board_dtype, compute_dtype, drafter_costs, op_costs
+from specbench.hardware.modelled.spec import PARTITIONS, HardwareSpec, ProcessingUnit
+from specbench.models.shape import ModelShape
 
 # Ghidorah Table I: acceptance length per verification width (Medusa Vicuna-7B; calibrated on MT-Bench).
 # Reconstructed in ../shared/design/methods-ghidorah-llmcad.md A6.

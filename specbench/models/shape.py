@@ -1,0 +1,74 @@
+"""What a cost model needs of a transformer: its shape and its weights' bytes per parameter.
+
+It lives with the models (below drafters and hardware) because a drafter describes the models it derives by their
+shape (drafters/base.py: DrafterCost), and the hardware cost models price those shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from specbench.errors import SpecbenchError
+
+BYTES_PER = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.0, "int4": 0.5}
+
+
+def bytes_per(dtype: str) -> float:
+    """Bytes per parameter of a dtype name (int4: half a byte)."""
+    check_dtype(dtype, "dtype")
+    return BYTES_PER[dtype]
+
+
+def check_dtype(dtype: str, where: str) -> None:
+    if dtype not in BYTES_PER:
+        raise SpecbenchError(f"{where}: dtype '{dtype}' is unknown; valid: {', '.join(BYTES_PER)}")
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """What the cost model needs of a decoder-only transformer (Llama-style: SwiGLU MLP, GQA)."""
+
+    params: int
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+    vocab: int
+    dtype: str = "bfloat16"  # the weights' dtype; a board's weight_dtype overrides it in projections
+
+    @property
+    def weight_bytes(self) -> float:
+        return self.params * bytes_per(self.dtype)
+
+    def with_dtype(self, dtype: str) -> "ModelShape":
+        bytes_per(dtype)  # validates the name
+        return dataclasses.replace(self, dtype=dtype)
+
+    @classmethod
+    def of(cls, model, dtype: str | None = None) -> "ModelShape":
+        text = model.config.get_text_config()
+        heads = text.num_attention_heads
+        names = {"torch.float32": "float32", "torch.bfloat16": "bfloat16", "torch.float16": "float16"}
+        return cls(params=sum(p.numel() for p in model.parameters()), layers=text.num_hidden_layers,
+                   hidden=text.hidden_size, heads=heads, kv_heads=getattr(text, "num_key_value_heads", heads),
+                   head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
+                   intermediate=text.intermediate_size, vocab=text.vocab_size,
+                   dtype=dtype or names[str(next(model.parameters()).dtype)])
+
+
+# Named shapes, from each model's config.json on the Hugging Face hub (parameter counts include the embeddings).
+SHAPES = {
+    "llama2_7b": ModelShape(6_738_415_616, 32, 4096, 32, 32, 128, 11008, 32000, "float16"),  # = Vicuna-7B
+    "llama2_13b": ModelShape(13_015_864_320, 40, 5120, 40, 40, 128, 13824, 32000, "float16"),
+    "tinyllama_1.1b": ModelShape(1_100_048_384, 22, 2048, 32, 4, 64, 5632, 32000, "float16"),
+    "smollm2_135m": ModelShape(134_515_008, 30, 576, 9, 3, 64, 1536, 49152, "bfloat16"),
+}
+
+
+def named_shape(name: str) -> ModelShape:
+    if name not in SHAPES:
+        raise SpecbenchError(f"model shape '{name}' is unknown; valid: {', '.join(SHAPES)}")
+    return SHAPES[name]
