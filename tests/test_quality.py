@@ -197,11 +197,13 @@ def test_an_eval_run_executes_every_answer_and_puts_pass1_beside_the_speedup(tmp
     summary = eval_task.run(compose_cfg(overrides, tmp_path), overrides).set_index("method")
     for col in quality.COLUMNS:
         assert col in summary.columns
-    # a tiny random model writes no code: every answer fails, and the lossless methods fail exactly greedy's problems
+    # a tiny random model writes no code: every answer fails, and the lossless methods fail exactly greedy's problems;
+    # HumanEval/1's prompt does not fit its 512-byte context: asked, skipped, counted as a fail
     assert (summary["pass1"] == 0).all() and (summary["pass1_problems"] == 3).all()
     assert summary.loc["pld", "pass1_lossless"] == True  # noqa: E712
     assert math.isnan(summary.loc["pld-typical", "pass1_lossless"])  # lossy: no promise to check
-    assert len((tmp_path / EXECUTION_FILE).read_text().splitlines()) == 9
+    assert summary.loc["autoregressive", "skipped_prompts"] == 1
+    assert len((tmp_path / EXECUTION_FILE).read_text().splitlines()) == 6  # the answers executed
     assert "pass1" in pd.read_csv(tmp_path / "summary.csv").columns
     assert (tmp_path / "plots" / "quality_frontier.png").exists()
     assert "pass1_delta against autoregressive" in capsys.readouterr().out

