@@ -27,7 +27,7 @@ from transformers import AutoModel, DynamicCache
 
 from specbench.drafters.base import DecodeState, Drafter, StepOutcome
 from specbench.errors import SpecbenchError
-from specbench.models.artifact import load_artifact
+from specbench.models.published import load_drafter_checkpoint, published_eagle_head
 from specbench.models.loading import LoadedModel
 from specbench.sampling import SamplingParams
 from specbench.trees.greedy import GreedyPolicy
@@ -73,8 +73,10 @@ class EagleHead(nn.Module):
 
 def load_eagle_head(target: LoadedModel, checkpoint: str | None) -> tuple[EagleHead, dict]:
     """The artifact's head for target (on its device and dtype) and the artifact's metadata."""
-    meta, tensors = load_artifact(checkpoint, "eagle", target)
+    meta, tensors = load_drafter_checkpoint(checkpoint, "eagle", target)
     arch = meta["arch"]
+    if arch.get("layout"):  # SafeAILab's EAGLE / EAGLE-3 architecture, as published
+        return published_eagle_head(target, meta, tensors), meta
     head = EagleHead(target.model.config, tuple(arch["feature_layers"]), arch["draft_vocab"])
     try:
         head.load_state_dict(tensors)
@@ -100,7 +102,12 @@ class EagleDrafter(Drafter):
         self.vocab_size = target.model.config.vocab_size
         self.d2t = self.head.d2t.cpu()
         if isinstance(tree, GreedyPolicy):
-            tree = tree.with_accept_prob(meta["metrics"]["rank_accuracy"])
+            accuracy = meta["metrics"].get("rank_accuracy")  # a published checkpoint carries none
+            if accuracy is None and tree.accept_prob is None:
+                raise SpecbenchError(f"checkpoint '{checkpoint}' carries no per-position accuracies for "
+                                     f"tree={tree.name}: give tree.accept_prob (a calibration JSON or a preset) or use "
+                                     f"tree=dynamic (EAGLE-2's, the default)")
+            tree = tree.with_accept_prob(accuracy)
         self.tree, self.sampling, self.seed = tree, SamplingParams(temperature, top_p, top_k), seed
         self.generator: torch.Generator | None = None  # policies sample children when this is set
         self.cache = DynamicCache()

@@ -14,7 +14,8 @@ from torch import nn
 
 from specbench.drafters.base import DecodeState, Drafter
 from specbench.errors import SpecbenchError
-from specbench.models.artifact import ADAPTER_PREFIX, load_artifact, tuned_backbone
+from specbench.models.artifact import ADAPTER_PREFIX, tuned_backbone
+from specbench.models.published import load_drafter_checkpoint
 from specbench.trees.greedy import GreedyPolicy
 from specbench.trees.policy import GrowingTree, TreePolicy
 from specbench.trees.token_tree import TokenTree
@@ -66,7 +67,7 @@ class MedusaDrafter(Drafter):
 
     def __init__(self, target, tree: TreePolicy, checkpoint: str | None = None,
                  num_heads: int | None = None) -> None:
-        meta, tensors = load_artifact(checkpoint, "medusa", target)
+        meta, tensors = load_drafter_checkpoint(checkpoint, "medusa", target)  # ours, or FasterDecoding's layout
         arch = meta["arch"]
         adapter = {k.removeprefix(ADAPTER_PREFIX): tensors.pop(k) for k in list(tensors) if k.startswith(ADAPTER_PREFIX)}
         self.backbone = None
@@ -84,7 +85,12 @@ class MedusaDrafter(Drafter):
         self.lm_head = model.get_output_embeddings()
         self.num_heads = min(num_heads or arch["num_heads"], arch["num_heads"])
         if isinstance(tree, GreedyPolicy):
-            tree = tree.with_accept_prob(meta["metrics"]["rank_accuracy"][: self.num_heads])
+            accuracy = meta["metrics"].get("rank_accuracy")  # a published checkpoint carries none
+            if accuracy is None and tree.accept_prob is None:
+                raise SpecbenchError(f"checkpoint '{checkpoint}' carries no per-head accuracies for tree={tree.name}: "
+                                     f"give tree.accept_prob (a calibration JSON or a preset, e.g. Medusa's own "
+                                     f"medusa_vicuna_7b_accuracies) or use tree=static (Medusa's mc_sim_7b_63)")
+            tree = tree.with_accept_prob(accuracy and accuracy[: self.num_heads])
         self.tree = tree
         self._probs: torch.Tensor | None = None
 

@@ -18,7 +18,8 @@ from torch import nn
 from specbench.drafters.base import DecodeState, Drafter, StepOutcome
 from specbench.drafters.ppd_tree import PPDState, dynamic_sparse_tree, hardware_aware_budget
 from specbench.errors import SpecbenchError
-from specbench.models.artifact import load_artifact
+from specbench.models.published import load_drafter_checkpoint
+from specbench.trees.greedy import load_accept_prob
 from specbench.trees.hardware_aware import HardwareAwarePolicy
 from specbench.trees.policy import GrowingTree, TreePolicy
 from specbench.trees.token_tree import TokenTree
@@ -68,9 +69,12 @@ class PPDDrafter(Drafter):
     name = "ppd"
     tree_policies = ("native", "hardware_aware")
 
-    def __init__(self, target, tree: TreePolicy, checkpoint: str | None = None, topk: int = 10) -> None:
-        """tree.budget counts every row of the forward: root, candidates and prompt tokens."""
-        meta, tensors = load_artifact(checkpoint, "ppd", target)
+    def __init__(self, target, tree: TreePolicy, checkpoint: str | None = None, topk: int = 10,
+                 accept_prob: str | list | None = None) -> None:
+        """tree.budget counts every row of the forward: root, candidates and prompt tokens. accept_prob: per prompt
+        token, the accuracy of each rank (a calibration JSON, a preset or inline), which the sparse tree is built
+        from; null takes the artifact's (a published checkpoint carries none)."""
+        meta, tensors = load_drafter_checkpoint(checkpoint, "ppd", target)  # ours, or the PPD repository's layout
         arch = meta["arch"]
         self.prompts = PromptTokens(arch["num_prompt_tokens"], arch["num_ensemble"], arch["hidden_size"])
         try:
@@ -80,7 +84,13 @@ class PPDDrafter(Drafter):
                                  f"({str(exc).splitlines()[0]})") from exc
         self.embeds = self.prompts.weight.detach().to(target.model.device, target.model.dtype)
         self.m, self.n_e = self.prompts.num_prompt_tokens, self.prompts.num_ensemble
-        acc = [row[:topk] for row in meta["metrics"]["rank_accuracy"]]
+        acc = load_accept_prob(accept_prob) if accept_prob is not None else meta["metrics"].get("rank_accuracy")
+        if acc is None or len(acc) < self.m:
+            raise SpecbenchError(f"PPD's sparse tree needs the accuracy of each rank for each of the {self.m} prompt "
+                                 f"tokens; checkpoint '{checkpoint}' carries {'none' if acc is None else len(acc)}: "
+                                 f"give method.drafter.accept_prob (a preset such as medusa_vicuna_7b_accuracies to "
+                                 f"start from, then the JSON of `python run.py task=calibrate method=ppd ...`)")
+        acc = [row[:topk] for row in acc]
         self.budget = self._size(tree, acc)
         self.states: dict[int, PPDState] = dynamic_sparse_tree(acc, self.m, self.budget, self.n_e)
         self.policies = {k: s.policy for k, s in self.states.items()}

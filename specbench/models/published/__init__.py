@@ -1,0 +1,34 @@
+"""Drafter checkpoints in the seeds' own published layouts (FasterDecoding's Medusa heads, SafeAILab's EAGLE and
+EAGLE-3 heads, PPD's prompt tokens), loaded beside specbench's own artifacts by the same `method.checkpoint`.
+
+`load_drafter_checkpoint` answers (metadata, tensors) in the layout the drafter loads: a specbench artifact as
+`load_artifact` reads it, or a published folder mapped onto it. Published checkpoints carry no held-out accuracies
+(`metrics` is empty), so trees built from them (tree=greedy, PPD's sparse tree) take the accuracies from the config.
+"""
+
+from __future__ import annotations
+
+from specbench.errors import SpecbenchError
+from specbench.models.artifact import load_artifact
+from specbench.models.published.eagle import eagle_checkpoint, published_eagle_head
+from specbench.models.published.files import LAYOUTS, find_published
+from specbench.models.published.medusa import medusa_checkpoint
+from specbench.models.published.ppd import ppd_checkpoint
+
+CONVERTERS = {"medusa": medusa_checkpoint, "eagle": eagle_checkpoint, "ppd": ppd_checkpoint}
+
+__all__ = ["LAYOUTS", "load_drafter_checkpoint", "published_eagle_head"]
+
+
+def load_drafter_checkpoint(path, method: str, target) -> tuple[dict, dict]:
+    """(metadata, tensors) of method's checkpoint at path for target: ours, or a published layout mapped onto ours."""
+    ckpt = find_published(path)
+    if ckpt is None:
+        return load_artifact(path, method, target)
+    if ckpt.kind != method:
+        raise SpecbenchError(f"checkpoint '{ckpt.folder}' is in the published {ckpt.name} layout, not {method}'s "
+                             f"({LAYOUTS}); use method={ckpt.kind} or a {method} checkpoint")
+    if method not in CONVERTERS:
+        raise SpecbenchError(f"method={method} loads specbench artifacts only; published layouts exist for "
+                             f"{', '.join(CONVERTERS)}")
+    return CONVERTERS[method](ckpt, target)

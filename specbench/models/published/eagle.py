@@ -1,0 +1,197 @@
+"""EAGLE and EAGLE-3 draft heads in SafeAILab/EAGLE's layout, built from transformers' Llama classes.
+
+Read from SafeAILab/EAGLE (no code copied):
+- EAGLE-1/EAGLE-2 (eagle/model/cnets1.py `Model`): fc = Linear(2d, d, bias=config.bias, default true) over
+  cat(token embedding, target feature), `num_hidden_layers` Llama decoder layers of which the first has no
+  input_layernorm, no final norm, and the target's own LM head; the feature is the target's last (normed) hidden
+  state. Keys: fc.*, layers.<i>.*, embed_tokens.weight (a copy of the target's).
+- EAGLE-3 (eagle/model/cnets.py `Model`): fc = Linear(3d, d, bias=False) fuses the target's hidden states entering
+  layers 2, L//2 and L-3 (its modeling_llama_kv.py collects them in that loop order); one `midlayer` whose attention
+  reads cat(input_layernorm(embedding), hidden_norm(feature)) (q/k/v projections take 2d inputs) with the feature as
+  the residual, then the MLP; lm_head(norm(out)) over draft_vocab_size tokens, draft id i being target id i + d2t[i];
+  deeper draft rows read `out` before the norm. Keys: fc.weight, midlayer.*, norm.weight, lm_head.weight, d2t, t2d,
+  and sometimes embed_tokens.weight.
+Both heads answer specbench's EagleHead interface (layers, fuse, fc, forward(features, embeds, ...), lm_head, d2t), so
+EagleDrafter drafts with them under any of its trees. A LlamaModel with one layer slot does the rotary embedding, the
+4D tree mask and the KV cache; EAGLE-3's layer is composed of transformers' LlamaAttention (its q/k/v swapped for
+2d-input projections), LlamaMLP and LlamaRMSNorm rather than forking a decoder layer.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+from torch import nn
+from transformers import AutoModel, LlamaConfig
+from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm
+
+from specbench.errors import SpecbenchError
+from specbench.models.published.files import LAYOUTS, Published
+
+log = logging.getLogger(__name__)
+SKIP = ("architectures", "torch_dtype", "dtype", "transformers_version", "auto_map", "_name_or_path")
+
+
+def eagle3_layers(num_layers: int) -> tuple[int, ...]:
+    """Hidden-state indices EAGLE-3 fuses: the inputs of layers 2, L//2 and L-3, in layer order."""
+    return tuple(i for i in range(num_layers) if i in (2, num_layers // 2, num_layers - 3))
+
+
+def draft_config(cfg: dict, num_layers: int) -> LlamaConfig:
+    """The draft layer's Llama config: the published config.json's shapes, no embedding of its own."""
+    kwargs = {k: v for k, v in cfg.items() if k not in SKIP}
+    scaling = kwargs.pop("rope_scaling", None)
+    if scaling and (scaling.get("type") or scaling.get("rope_type")) != "linear":
+        raise SpecbenchError(f"EAGLE config rope_scaling={scaling!r} is not supported: EAGLE's own layer applies "
+                             f"none or linear scaling")
+    kwargs.update(num_hidden_layers=num_layers, vocab_size=1, pad_token_id=None, attention_bias=False,
+                  mlp_bias=False, tie_word_embeddings=False)
+    return LlamaConfig(rope_scaling=scaling or None, **kwargs)
+
+
+class Eagle3Layer(nn.Module):
+    """EAGLE-3's midlayer. Its input is cat(embedding, feature) on the last axis (the body's single input), its
+    residual the feature; it returns the new feature."""
+
+    def __init__(self, config: LlamaConfig) -> None:
+        super().__init__()
+        d = config.hidden_size
+        self.self_attn = LlamaAttention(config, layer_idx=0)
+        for name in ("q_proj", "k_proj", "v_proj"):  # the attention reads the 2d-wide concatenation
+            old = getattr(self.self_attn, name)
+            setattr(self.self_attn, name, nn.Linear(2 * d, old.out_features, bias=False))
+        self.mlp = LlamaMLP(config)
+        self.hidden_norm = LlamaRMSNorm(d, eps=config.rms_norm_eps)
+        self.input_layernorm = LlamaRMSNorm(d, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(d, eps=config.rms_norm_eps)
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask=None, position_embeddings=None, **kwargs):
+        embeds, feature = hidden_states.chunk(2, dim=-1)
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(feature)], dim=-1)
+        attn, _ = self.self_attn(hidden_states=x, attention_mask=attention_mask,
+                                 position_embeddings=position_embeddings, **kwargs)
+        feature = feature + attn
+        return feature + self.mlp(self.post_attention_layernorm(feature))
+
+
+def _body(config: LlamaConfig) -> nn.Module:
+    """transformers' LlamaModel without embedding or final norm: rotary, masks and cache for the draft layers."""
+    body = AutoModel.from_config(config)
+    body.embed_tokens, body.norm = None, nn.Identity()
+    return body
+
+
+class Eagle1Head(nn.Module):
+    def __init__(self, config: LlamaConfig, lm_head: nn.Module, bias: bool) -> None:
+        super().__init__()
+        d = config.hidden_size
+        self.layers = (-1,)  # the target's last hidden state, after its final norm
+        self.fuse = nn.Identity()
+        self.fc = nn.Linear(2 * d, d, bias=bias)
+        self.body = _body(config)
+        self.body.layers[0].input_layernorm = nn.Identity()  # EAGLE's first draft layer has none
+        self._lm_head = (lm_head,)  # the target's, shared: not a parameter of the head
+        self.register_buffer("d2t", torch.arange(lm_head.weight.shape[0]))
+
+    @property
+    def lm_head(self) -> nn.Module:
+        return self._lm_head[0]
+
+    def forward(self, features: torch.Tensor, embeds: torch.Tensor, **body_kwargs) -> torch.Tensor:
+        x = self.fc(torch.cat([embeds.to(features.dtype), features], dim=-1))
+        return self.body(inputs_embeds=x, use_cache=True, **body_kwargs).last_hidden_state
+
+
+class Eagle3Head(nn.Module):
+    def __init__(self, config: LlamaConfig, layers: tuple[int, ...], draft_vocab: int) -> None:
+        super().__init__()
+        d = config.hidden_size
+        self.layers = layers
+        self.fc = nn.Linear(len(layers) * d, d, bias=False)  # fuses the target's features (EAGLE-3's own name)
+        self.body = _body(config)
+        self.body.layers[0] = Eagle3Layer(config)
+        self.lm_head = nn.Sequential()  # norm, then the draft-vocabulary projection (deeper rows read pre-norm)
+        self.lm_head.add_module("norm", LlamaRMSNorm(d, eps=config.rms_norm_eps))
+        self.lm_head.add_module("proj", nn.Linear(d, draft_vocab, bias=False))
+        self.register_buffer("d2t", torch.arange(draft_vocab))
+
+    @property
+    def fuse(self) -> nn.Module:
+        return self.fc
+
+    def forward(self, features: torch.Tensor, embeds: torch.Tensor, **body_kwargs) -> torch.Tensor:
+        x = torch.cat([embeds.to(features.dtype), features], dim=-1)
+        return self.body(inputs_embeds=x, use_cache=True, **body_kwargs).last_hidden_state
+
+
+def eagle_checkpoint(ckpt: Published, target) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(metadata, tensors) keyed as Eagle1Head or Eagle3Head; metadata's arch says which (`layout`)."""
+    cfg, tcfg, keys = ckpt.config, target.model.config, ckpt.keys()
+    eagle3 = any(k.startswith("midlayer.") for k in keys)
+    if "fc.weight" not in keys or not (eagle3 or any(k.startswith("layers.") for k in keys)):
+        raise SpecbenchError(f"checkpoint '{ckpt.folder}' has a config.json but no EAGLE draft weights (fc.weight "
+                             f"with layers.* or midlayer.*; found {sorted(keys)[:3]}); published layouts: {LAYOUTS}")
+    hidden, vocab = cfg.get("hidden_size"), cfg.get("vocab_size")
+    if (hidden, vocab) != (tcfg.hidden_size, tcfg.vocab_size) or cfg.get("target_hidden_size", hidden) != hidden:
+        raise SpecbenchError(f"EAGLE checkpoint '{ckpt.folder}' was trained for hidden size {hidden} and vocabulary "
+                             f"{vocab}, but the target '{target.name}' has {tcfg.hidden_size} and {tcfg.vocab_size}; "
+                             f"load the base model it was trained for")
+    raw = ckpt.tensors()
+    _check_embedding(ckpt, raw.pop("embed_tokens.weight", None), target)
+    if eagle3:
+        layers = eagle3_layers(tcfg.num_hidden_layers)
+        if len(layers) != 3:
+            raise SpecbenchError(f"EAGLE-3 fuses the inputs of layers 2, L//2 and L-3, here only {len(layers)} "
+                                 f"distinct layers of the {tcfg.num_hidden_layers}-layer target '{target.name}': "
+                                 f"checkpoint '{ckpt.folder}' was trained for another base model")
+        draft_vocab = int(cfg.get("draft_vocab_size", vocab))
+        tensors = {_eagle3_key(k): v for k, v in raw.items() if k != "t2d"}
+        offsets = tensors.get("d2t", torch.zeros(draft_vocab, dtype=torch.long))
+        tensors["d2t"] = torch.arange(draft_vocab) + offsets.long()  # EAGLE-3 stores offsets, specbench target ids
+        if tensors["d2t"].numel() != draft_vocab or int(tensors["d2t"].max()) >= vocab:
+            raise SpecbenchError(f"EAGLE-3 checkpoint '{ckpt.folder}': its d2t map does not send {draft_vocab} draft "
+                                 f"ids into the target's {vocab} tokens")
+        arch = {"layout": "eagle3", "feature_layers": list(layers), "draft_vocab": draft_vocab}
+    else:
+        tensors = {("body." + k if k.startswith("layers.") else k): v for k, v in raw.items()}
+        tensors["d2t"] = torch.arange(vocab)
+        arch = {"layout": "eagle1", "feature_layers": [-1], "draft_vocab": vocab, "bias": "fc.bias" in raw,
+                "num_layers": int(cfg.get("num_hidden_layers", 1))}
+    log.info("published %s head %s", "EAGLE-3" if eagle3 else "EAGLE", ckpt.folder)
+    return {"format": "published", "layout": arch["layout"], "method": "eagle", "source": str(ckpt.folder),
+            "arch": arch | {"config": cfg}, "metrics": {}}, tensors
+
+
+def _eagle3_key(key: str) -> str:
+    if key.startswith("midlayer."):
+        return "body.layers.0." + key.removeprefix("midlayer.")
+    return {"norm.weight": "lm_head.norm.weight", "lm_head.weight": "lm_head.proj.weight"}.get(key, key)
+
+
+def _check_embedding(ckpt: Published, embed: torch.Tensor | None, target) -> None:
+    """EAGLE's embedding is a frozen copy of its base model's: a different one means another base model (quantised
+    targets differ a little, another model's embedding entirely)."""
+    if embed is None:
+        return
+    ours = target.model.get_input_embeddings().weight.detach().float().cpu()
+    if embed.shape != ours.shape or (embed.float() - ours).norm() > 0.25 * ours.norm():
+        raise SpecbenchError(f"EAGLE checkpoint '{ckpt.folder}' carries the token embedding of another base model "
+                             f"than the target '{target.name}'; load the base model it was trained for")
+
+
+def published_eagle_head(target, meta: dict, tensors: dict[str, torch.Tensor]) -> nn.Module:
+    """The head a published EAGLE checkpoint describes, its weights loaded, on the target's device and dtype."""
+    arch = meta["arch"]
+    if arch["layout"] == "eagle3":
+        head = Eagle3Head(draft_config(arch["config"], 1), tuple(arch["feature_layers"]), arch["draft_vocab"])
+    else:
+        head = Eagle1Head(draft_config(arch["config"], arch["num_layers"]), target.model.get_output_embeddings(),
+                          arch["bias"])
+    try:
+        head.load_state_dict(tensors)
+    except RuntimeError as exc:
+        detail = " ".join(line.strip() for line in str(exc).splitlines())[:300]
+        raise SpecbenchError(f"checkpoint '{meta['source']}' does not hold the {arch['layout']} head its config.json "
+                             f"describes ({detail})") from exc
+    return head.to(device=target.model.device, dtype=target.model.dtype).eval()

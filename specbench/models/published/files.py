@@ -1,0 +1,137 @@
+"""Finding and reading a checkpoint folder in a seed's own published layout, safely.
+
+A folder is recognised by its config file (what each repository's loader reads first): adapter_config.json with
+`num_special_tokens` is PPD's peft prompt-tuning folder, config.json with `medusa_num_heads` is Medusa's, any other
+config.json beside a draft state dict is EAGLE's. Tensors are read from safetensors, or from a torch state dict with
+`torch.load(weights_only=True)`, which refuses a pickle that would run code instead of executing it.
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError, safe_open
+
+from specbench.errors import SpecbenchError
+from specbench.models.artifact import FORMAT, REPO_ROOT
+
+LAYOUTS = ("Medusa: config.json with medusa_num_heads + medusa_lm_head.{safetensors,pt}; EAGLE/EAGLE-3: config.json + "
+           "model.safetensors or pytorch_model.bin; PPD: adapter_config.json + adapter_model.{safetensors,bin}")
+# weight files each layout's own loader reads, first found wins (Medusa-2 folders hold the whole tuned model)
+WEIGHTS = {"medusa": ("medusa_lm_head.safetensors", "medusa_lm_head.pt", "model.safetensors.index.json",
+                      "model.safetensors", "pytorch_model.bin.index.json", "pytorch_model.bin"),
+           "eagle": ("model.safetensors", "pytorch_model.bin"),
+           "ppd": ("adapter_model.safetensors", "adapter_model.bin")}
+NAMES = {"medusa": "Medusa", "eagle": "EAGLE", "ppd": "PPD"}
+
+
+@dataclass
+class Published:
+    kind: str  # medusa | eagle | ppd
+    folder: Path
+    config: dict
+    weights: list[Path]  # one file, or the shards of a sharded model
+
+    @property
+    def name(self) -> str:
+        return NAMES[self.kind]
+
+    def keys(self) -> list[str]:
+        """The tensor names, read without loading a safetensors file's tensors (a torch file loads whole)."""
+        names: list[str] = []
+        for path in self.weights:
+            if path.suffix == ".safetensors":
+                try:
+                    with safe_open(str(path), framework="pt") as f:
+                        names += list(f.keys())
+                except (SafetensorError, OSError) as exc:
+                    raise SpecbenchError(f"checkpoint '{path}' is not a readable safetensors file ({exc})") from exc
+            else:
+                names += list(read_tensors(path))
+        return names
+
+    def tensors(self, prefix: str = "") -> dict[str, torch.Tensor]:
+        """Every tensor whose key starts with prefix (prefix removed), as stored."""
+        found: dict[str, torch.Tensor] = {}
+        for path in self.weights:
+            found |= {k.removeprefix(prefix): v for k, v in read_tensors(path).items() if k.startswith(prefix)}
+        return found
+
+
+def resolve(path) -> Path:
+    path = Path(str(path)).expanduser()
+    if not path.is_absolute() and not path.exists() and (REPO_ROOT / path).exists():
+        path = REPO_ROOT / path
+    return path
+
+
+def find_published(path) -> Published | None:
+    """The published checkpoint at path (its folder, or a file in it); None for a specbench artifact or nothing."""
+    if not path:
+        return None
+    path = resolve(path)
+    if path.is_file() and _is_artifact(path.with_suffix(".json")):
+        return None
+    folder = path if path.is_dir() else path.parent
+    adapter, config = folder / "adapter_config.json", folder / "config.json"
+    if adapter.exists() and "num_special_tokens" in (cfg := _read_json(adapter)):
+        kind = "ppd"
+    elif config.exists():
+        cfg = _read_json(config)
+        kind = "medusa" if "medusa_num_heads" in cfg else "eagle"
+    else:
+        return None
+    return Published(kind, folder, cfg, _weights(kind, folder, path))
+
+
+def _is_artifact(meta: Path) -> bool:
+    try:
+        return meta.exists() and json.loads(meta.read_text()).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SpecbenchError(f"checkpoint config '{path}' is not readable JSON ({exc.__class__.__name__}); "
+                             f"expected a published layout ({LAYOUTS})") from exc
+    if not isinstance(cfg, dict):
+        raise SpecbenchError(f"checkpoint config '{path}' is not a JSON object; expected a published layout "
+                             f"({LAYOUTS})")
+    return cfg
+
+
+def _weights(kind: str, folder: Path, given: Path) -> list[Path]:
+    if given.is_file() and given.suffix in (".safetensors", ".pt", ".bin"):
+        return [given]
+    for name in WEIGHTS[kind]:
+        path = folder / name
+        if path.exists():
+            if name.endswith(".index.json"):  # a sharded model: every shard its weight map names
+                shards = sorted(set(_read_json(path).get("weight_map", {}).values()))
+                return [folder / shard for shard in shards]
+            return [path]
+    raise SpecbenchError(f"checkpoint folder '{folder}' has a {NAMES[kind]} config but none of its weight files "
+                         f"({', '.join(n for n in WEIGHTS[kind] if not n.endswith('.json'))})")
+
+
+def read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """A flat {key: tensor} from a safetensors file or a torch state dict, never unpickling code."""
+    try:
+        if path.suffix == ".safetensors":
+            with safe_open(str(path), framework="pt") as f:
+                return {k: f.get_tensor(k) for k in f.keys()}
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except (SafetensorError, OSError, RuntimeError, pickle.UnpicklingError, EOFError) as exc:
+        raise SpecbenchError(f"checkpoint '{path}' could not be read safely ({str(exc).splitlines()[0][:160]}); "
+                             f"give a safetensors file or a plain torch state dict of tensors") from exc
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise SpecbenchError(f"checkpoint '{path}' is not a state dict of tensors (a {type(state).__name__}); give "
+                             f"the published weights file ({LAYOUTS})")
+    return state
