@@ -226,6 +226,7 @@ class Evaluator:
             "prompt_len": gen.prompt_len, "new_tokens": len(gen.tokens), "steps": len(gen.steps),
             "wall_time": gen.wall_time, "prefill_time": gen.prefill_time,
             "draft_time": sum(s.draft_time for s in gen.steps), "verify_time": sum(s.verify_time for s in gen.steps),
+            "translate_time": getattr(run.drafter, "translate_time", 0.0),  # a draft of another tokenizer's, in draft_time
             "accept_lengths": gen.accept_lengths, "tree_sizes": [s.tree_size for s in gen.steps],
             "tree_depths": [s.tree_depth for s in gen.steps], "tried_deeper": [s.tried_deeper for s in gen.steps],
             "framework_times": [round(s.step_time - s.draft_time - s.verify_time, 7) for s in gen.steps],

@@ -162,6 +162,8 @@ def summarize(records: pd.DataFrame, latency_profile: pd.DataFrame | None = None
             "overhead": step / base_step if base_step else math.nan,
             "draft_ms_per_step": 1e3 * grp["draft_time"].sum() / steps if steps else math.nan,
             "verify_ms_per_step": 1e3 * grp["verify_time"].sum() / steps if steps else math.nan,
+            "translate_ms_per_step": 1e3 * grp["translate_time"].sum() / steps  # tokenizer work inside draft_ms
+            if steps and "translate_time" in grp else math.nan,
             "ideal_speedup": ideal,
             "efficiency": decode_speedup / ideal if ideal else math.nan,
             "projected_speedup": projected,
