@@ -1,6 +1,7 @@
 """Rank-safe training under DDP on the CPU (gloo): the validation accuracy is summed over ranks before it is read,
 and a 2-process `task=train` makes its self-distillation data once and writes its artifact from rank 0 only."""
 
+import pytest
 import json
 import os
 import subprocess
@@ -12,6 +13,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from specbench.training.base import RankAccuracy
+
+pytestmark = pytest.mark.slow  # multi-process / notebook kernel: seconds each (README: the fast subset)
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -24,7 +24,7 @@ FAST = ["model=tiny_random", "eval.dtype=float32", "eval.num_prompts=4", "eval.m
 
 
 def test_eval_writes_the_run_folder_contract(tmp_path):
-    cfg = compose_cfg(FAST, tmp_path)
+    cfg = compose_cfg([*FAST, "eval.first_turn_only=false"], tmp_path)
     summary = eval_task.run(cfg)
     records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
     # MT-Bench has two turns: both are decoded, the second after each method's own first answer
@@ -251,7 +251,8 @@ def test_tau_and_per_depth_acceptance_from_hand_made_records():
 
 
 def test_batched_evaluation_stays_lossless_and_reports_throughput(tmp_path):
-    overrides = [*FAST, "eval.batch_size=3", "eval.num_prompts=4", "eval.latency_profile=false"]
+    overrides = [*FAST, "eval.batch_size=3", "eval.num_prompts=4", "eval.latency_profile=false",
+                 "eval.first_turn_only=false"]
     summary = eval_task.run(compose_cfg(overrides, tmp_path)).set_index("method")
     records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
     assert len(records) == 16 and {r["batch_size"] for r in records} == {3, 1}  # 4 prompts = a batch of 3 and of 1

@@ -68,6 +68,7 @@ def assert_one_row_set_per_job(sweep_dir: Path) -> None:
     assert [p for p in sweep_dir.glob("sweep*.png") if p.stat().st_size > 0]  # the sweep plots
 
 
+@pytest.mark.slow
 def test_joblib_sweep_runs_the_jobs_in_worker_processes(tmp_path):
     proc = sweep(["hydra/launcher=joblib"], tmp_path / "sweep")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -75,6 +76,7 @@ def test_joblib_sweep_runs_the_jobs_in_worker_processes(tmp_path):
     assert_one_row_set_per_job(tmp_path / "sweep")
 
 
+@pytest.mark.slow
 def test_ray_sweep_runs_on_a_local_ray_instance(tmp_path):
     proc = sweep(["hydra/launcher=ray", "hydra.launcher.ray.init.num_cpus=2"], tmp_path / "sweep")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -82,6 +84,7 @@ def test_ray_sweep_runs_on_a_local_ray_instance(tmp_path):
     assert_one_row_set_per_job(tmp_path / "sweep")
 
 
+@pytest.mark.slow
 def test_slurm_launcher_writes_the_job_array_script_submitit_submits(tmp_path):
     """No SLURM here: stand-ins for sbatch and srun (submitit checks that srun exists) refuse to run, and the script
     submitit wrote for sbatch is read."""

@@ -3,12 +3,15 @@ redraws each run's standard plots."""
 
 from pathlib import Path
 
+import pytest
 import nbformat
 from nbclient import NotebookClient
 
 from specbench.tasks import eval as eval_task
 
 from .conftest import compose_cfg
+
+pytestmark = pytest.mark.slow  # multi-process / notebook kernel: seconds each (README: the fast subset)
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "analysis.ipynb"
 TINY = ["model=tiny_random", "eval.num_prompts=2", "eval.max_new_tokens=8", "eval.warmup=0",

@@ -134,10 +134,12 @@ def test_hardware_aware_size_from_hand_worked_rates(latency, best):
 def test_tree_hardware_aware_sizes_ppd_from_its_artifact(tiny, prompt_artifact):
     """method=ppd tree=hardware_aware: tree.budget caps n*, every state's forward fits n*, decoding stays lossless;
     before the evaluator fits a latency curve there is nothing to size with."""
+    unfitted = PPDDrafter(tiny, HardwareAwarePolicy(24), str(prompt_artifact))
     with pytest.raises(SpecbenchError, match="no latency curve"):
-        PPDDrafter(tiny, HardwareAwarePolicy(24), str(prompt_artifact))
-    steep = PPDDrafter(tiny, HardwareAwarePolicy(24).fit(lambda n: float(n) ** 3), str(prompt_artifact))
-    flat = PPDDrafter(tiny, HardwareAwarePolicy(24).fit(lambda n: 1.0), str(prompt_artifact))
+        Decoder(tiny.model, unfitted, ExactAcceptance(), SamplingParams(), 4).generate(PROMPTS[0])
+    steep, flat = (PPDDrafter(tiny, HardwareAwarePolicy(24), str(prompt_artifact)) for _ in range(2))
+    steep.fit(lambda n: float(n) ** 3)  # Drafter.fit: what the evaluator calls with this machine's L(n)
+    flat.fit(lambda n: 1.0)
     assert steep.budget == 1 + steep.m * steep.n_e  # every extra row costs more than it can return
     assert steep.budget < flat.budget <= 24
     assert all(s.rows(flat.n_e) <= flat.budget for s in flat.states.values())

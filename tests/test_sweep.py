@@ -1,3 +1,4 @@
+import pytest
 """The multirun sweep summary: every job's summary in one table with its swept settings, and a plot against them;
 a rerun of a sweep resumes it."""
 
@@ -36,6 +37,7 @@ def test_a_sweep_without_summaries_writes_nothing(tmp_path):
     assert sweep_summary(tmp_path) is None and not (tmp_path / "sweep_summary.csv").exists()
 
 
+@pytest.mark.slow
 def test_rerunning_a_sweep_skips_finished_jobs_and_duplicates_nothing(tmp_path):
     """A sweep killed while its second job decoded, rerun with the same command and sweep folder: each job lands in
     the same sub-folder (hydra.sweep.subdir is its number and overrides), finished prompts are not decoded again,

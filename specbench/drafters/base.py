@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
+from specbench.models.loading import LoadedModel
 from specbench.models.shape import ModelShape
 from specbench.trees.token_tree import TokenTree
 from specbench.verification.tree_forward import VerifyOutput
@@ -78,3 +80,28 @@ class Drafter(ABC):
     def parameters_bytes(self) -> tuple[int, int]:
         """(parameters, bytes) the drafter adds on top of the target; 0 for training-free drafters."""
         return 0, 0
+
+    # What the evaluator asks of every drafter instead of looking inside it (docs/ARCHITECTURE.md: adding a drafter).
+
+    def cost(self) -> DrafterCost:
+        """The work one step adds to the target's forward, in the roofline's terms (projected_speedup, LLMCad's
+        streaming projection); nothing for a lookup drafter."""
+        return DrafterCost()
+
+    def on_backend(self, run_on: Callable[[LoadedModel], LoadedModel]) -> None:
+        """Run the models this drafter derived from the eager target (an early-exit draft, a tuned backbone) on the
+        run's backend: `run_on` applies it. They are derived on eager because a compiled or prepacked forward cannot
+        be sliced or LoRA-merged."""
+
+    def fit(self, latency_ms: Callable[[float], float]) -> None:
+        """Size the draft to this machine: L(n) is the ms of a target forward over n rows (measured here, or a
+        board's roofline). A hardware-aware tree picks its budget from it; other trees ignore it."""
+        tree = getattr(self, "tree", None)
+        if hasattr(tree, "fit"):
+            self.tree = tree.fit(latency_ms)
+
+    @property
+    def verifier(self) -> LoadedModel | None:
+        """The model that verifies this drafter's tokens when it is not the run's target (a Medusa-2 artifact's tuned
+        backbone): its own plain decoding is then the method's lossless reference."""
+        return None

@@ -21,11 +21,12 @@ from omegaconf import DictConfig
 from transformers import DynamicCache
 
 from specbench.sampling import SamplingParams
-from specbench.drafters.base import DecodeState, Drafter, StepOutcome
+from specbench.drafters.base import DrafterCost, DecodeState, Drafter, StepOutcome
 from specbench.drafters.universal import UniversalDraft
 from specbench.errors import SpecbenchError
 from specbench.models.distilled_draft import load_distilled_draft
 from specbench.models.early_exit import early_exit
+from specbench.models.shape import ModelShape
 from specbench.models.loading import LoadedModel
 from specbench.trees.chain import ChainPolicy
 from specbench.trees.policy import GrowingTree, TreePolicy
@@ -93,6 +94,13 @@ class DraftModelDrafter(Drafter):
         self.tree, self.sampling, self.seed = tree, SamplingParams(temperature, top_p, top_k), seed
         self.generator: torch.Generator | None = None  # policies sample children when this is set
         self.cache = DynamicCache()
+
+    def cost(self) -> DrafterCost:
+        """The draft's forwards: one per level drafted (metrics counts them from the records' tree depths)."""
+        return DrafterCost(draft=ModelShape.of(self.draft.model))
+
+    def on_backend(self, run_on) -> None:
+        self.draft = run_on(self.draft)
 
     def reset(self, state: DecodeState) -> None:
         self.cache = DynamicCache()

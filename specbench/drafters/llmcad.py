@@ -5,7 +5,7 @@ The tree, its pacer and alpha live in the tree policy (specbench/trees/llmcad.py
 tree=llmcad` runs the same algorithm. This drafter is the draft-model drafter with LLMCad's defaults: the draft (a
 distilled checkpoint, an early exit or a model-group entry), its vocabulary check, one draft KV cache shared by every
 branch through the tree mask, and its rollback are all the draft-model drafter's. The memory-budget projection is
-experiments/issue12_llmcad/projection.py (the hardware layer sits above the drafters).
+specbench/hardware/modelled/llmcad.py, which prices the draft this drafter declares (Drafter.cost).
 """
 
 from __future__ import annotations

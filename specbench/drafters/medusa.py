@@ -12,8 +12,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from specbench.drafters.base import DecodeState, Drafter
+from specbench.drafters.base import DrafterCost, DecodeState, Drafter
 from specbench.errors import SpecbenchError
+from specbench.models.loading import LoadedModel
 from specbench.models.artifact import ADAPTER_PREFIX, tuned_backbone
 from specbench.models.published import load_drafter_checkpoint
 from specbench.trees.greedy import GreedyPolicy
@@ -107,6 +108,17 @@ class MedusaDrafter(Drafter):
             raise SpecbenchError(f"the tree policy asks for depth {max(depths) + 1}, but the Medusa checkpoint has "
                                  f"{self.num_heads} heads; use a tree of depth <= {self.num_heads}")
         return self._probs[depths]
+
+    def cost(self) -> DrafterCost:
+        return DrafterCost(medusa_heads=self.num_heads)
+
+    def on_backend(self, run_on) -> None:
+        if self.backbone is not None:
+            self.backbone = run_on(self.backbone)
+
+    @property
+    def verifier(self) -> LoadedModel | None:
+        return self.backbone
 
     def parameters_bytes(self) -> tuple[int, int]:
         params = sum(p.numel() for p in self.heads.parameters())

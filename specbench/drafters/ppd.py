@@ -90,29 +90,31 @@ class PPDDrafter(Drafter):
                                  f"tokens; checkpoint '{checkpoint}' carries {'none' if acc is None else len(acc)}: "
                                  f"give method.drafter.accept_prob (a preset such as medusa_vicuna_7b_accuracies to "
                                  f"start from, then the JSON of `python run.py task=calibrate method=ppd ...`)")
-        acc = [row[:topk] for row in acc]
-        self.budget = self._size(tree, acc)
-        self.states: dict[int, PPDState] = dynamic_sparse_tree(acc, self.m, self.budget, self.n_e)
-        self.policies = {k: s.policy for k, s in self.states.items()}
+        self._acc = [row[:topk] for row in acc]
+        if isinstance(tree, HardwareAwarePolicy) and tree.accept_table is not None:
+            raise SpecbenchError("tree.accept_prob must stay null for PPD: its tree is sized from its artifact's "
+                                 "per-prompt-token accuracies, which is what it drafts with")
+        self.tree = tree
+        self._use_budget(None if isinstance(tree, HardwareAwarePolicy) else tree.budget)  # hardware-aware: fit()
         self._k = self.m  # state T_k: prompt tokens the last accepted node carried
         self._probs: torch.Tensor | None = None  # (m, V) guesses for depths 1..m below the next root
         self._carried: list[int] = []
 
-    def _size(self, tree: TreePolicy, acc: list[list[float]]) -> int:
-        """tree=native: tree.budget rows. tree=hardware_aware: the thesis's n* = argmax tau(n) / L(n) up to
-        tree.budget, n every row verified, tau(n) from the artifact's held-out accuracies, L(n) fitted by the
-        evaluator (the machine profile or the hw roofline)."""
-        if not isinstance(tree, HardwareAwarePolicy):
-            return tree.budget
-        if tree.latency_ms is None:
-            raise SpecbenchError("tree=hardware_aware has no latency curve: the evaluator fits it from the machine "
-                                 "profile or the hw roofline before PPD is built")
-        if tree.accept_table is not None:
-            raise SpecbenchError("tree.accept_prob must stay null for PPD: its tree is sized from its artifact's "
-                                 "per-prompt-token accuracies, which is what it drafts with")
-        best, rates = hardware_aware_budget(acc, self.m, self.n_e, tree.max_budget, tree.latency_ms)
-        log.info("PPD hardware-aware size: n* = %d rows (tau/L over n = %d..%d)", best, min(rates), tree.max_budget)
-        return best
+    def _use_budget(self, budget: int | None) -> None:
+        """The thesis's dynamic sparse tree at `budget` rows: one tree per state T_k."""
+        self.budget = budget
+        self.states: dict[int, PPDState] = {} if budget is None else dynamic_sparse_tree(self._acc, self.m, budget,
+                                                                                          self.n_e)
+        self.policies = {k: s.policy for k, s in self.states.items()}
+
+    def fit(self, latency_ms) -> None:
+        """tree=hardware_aware: the thesis's n* = argmax tau(n) / L(n) up to tree.budget, n every row verified, tau(n)
+        from the artifact's held-out accuracies."""
+        if not isinstance(self.tree, HardwareAwarePolicy):
+            return
+        best, rates = hardware_aware_budget(self._acc, self.m, self.n_e, self.tree.max_budget, latency_ms)
+        log.info("PPD hardware-aware size: n* = %d rows (tau/L over n = %d..%d)", best, min(rates), self.tree.max_budget)
+        self._use_budget(best)
 
     def prefill_extras(self, prompt: TokenTree) -> tuple[torch.Tensor, torch.Tensor]:
         """The last prompt token carries m prompt tokens in the prefill, as a root does in a step, so the first step
@@ -124,6 +126,9 @@ class PPDDrafter(Drafter):
         self._probs, self._k = None, self.m  # a prefill without prompt tokens (no room in the context): root alone
 
     def propose(self, state: DecodeState) -> TokenTree:
+        if self.budget is None:
+            raise SpecbenchError("tree=hardware_aware has no latency curve: the evaluator fits PPD to the machine "
+                                 "profile or the hw roofline (Drafter.fit) before it decodes")
         policy = None if self._probs is None else self.policies[self._k]
         if policy is None:  # after a plain prefill, or a state without candidates: the root and its prompt tokens only
             self._carried = [self.m]

@@ -84,7 +84,7 @@ class Evaluator:
         plain decoding of that backbone, run just before it, is its lossless reference."""
         out = []
         for run in runs:
-            backbone = getattr(run.drafter, "backbone", None)
+            backbone = run.drafter.verifier
             if backbone is not None:
                 run.target, run.reference = backbone, backbone_reference(run.label)
                 out.append(MethodRun(run.reference, AutoregressiveDrafter(), ExactAcceptance(), run.settings_hash,

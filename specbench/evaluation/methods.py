@@ -137,14 +137,11 @@ def build_drafter(drafter_cfg, target: LoadedModel, tree: TreePolicy, backend: s
     """cls(target=..., tree=..., **config): a tree the method would ignore is an error, not silence.
 
     target is the eager model: a drafter may slice it (an early-exit draft) or merge an adapter into a copy (Medusa-2),
-    which a compiled or prepacked forward cannot take. The models it derives so (`draft`, `backbone`) then run on
-    `backend`, the run's, as the target does."""
+    which a compiled or prepacked forward cannot take. The models it derives so then run on `backend`, the run's, as
+    the target does (Drafter.on_backend)."""
     check_tree(drafter_cfg, tree)
     drafter = build(drafter_cfg, target=target, tree=tree)
-    for name in ("draft", "backbone"):
-        derived = getattr(drafter, name, None)
-        if isinstance(derived, LoadedModel):
-            setattr(drafter, name, with_backend(derived, backend))
+    drafter.on_backend(lambda derived: with_backend(derived, backend))
     return drafter
 
 

@@ -2,7 +2,7 @@
 (its method and tree budget) are composed from its conf/experiment file, as the run that made it wrote them to
 settings.json. Records, the latency profile and memory are drawn where the folder has them.
 
-    python experiments/issue13_reporting/plots/render.py SUMMARY.csv EXPERIMENT OUT_DIR [PROFILE.csv]
+    python experiments/sweeps_and_reporting/plots/render.py SUMMARY.csv EXPERIMENT OUT_DIR [PROFILE.csv]
 """
 
 import sys

@@ -1,0 +1,149 @@
+"""Plan an evaluation: which methods and baselines decode, on which backend and dtype, under which settings.
+
+An evaluation is plan -> decode -> summarise (tasks/eval.py wires the three). `request` checks what the config asks
+for before anything loads; `plan_runs`, with the target loaded, reads the machine profile, picks the execution,
+builds each drafter, fits it to this machine and saves the run folder's settings. Plain decoding runs beside the
+methods on the run's own execution and, when it differs, on the execution fastest for one token here: the headline
+speedup is judged against the fastest plain decoding measured.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+from hydra.core.hydra_config import HydraConfig
+
+from specbench.acceptance.exact import ExactAcceptance
+from specbench.config import build
+from specbench.drafters.autoregressive import AutoregressiveDrafter
+from specbench.evaluation.evaluator import EvalSettings, MethodRun
+from specbench.evaluation.hf_generate import HF_GENERATE, check_greedy
+from specbench.evaluation.methods import MethodEntry, build_drafter, check_tree, resolve_entries
+from specbench.evaluation.metrics import BASELINE, EAGER_REFERENCE
+from specbench.evaluation.precision import AUTO, ExecutionPlan, check_dtype, plan
+from specbench.evaluation.provenance import check_and_save_settings, shared_settings
+from specbench.evaluation.provenance import settings_hash as hash_of
+from specbench.hardware.measured.machine_profile import MachineProfile, load_or_measure_profile
+from specbench.hardware.modelled.roofline import roofline_step_time
+from specbench.hardware.modelled.spec import MEASURED, HardwareSpec
+from specbench.models.backends import check_backend, check_profile_backends, with_backend
+from specbench.models.loading import LoadedModel, with_dtype
+from specbench.models.shape import ModelShape
+from specbench.sampling import SamplingParams
+from specbench.trees.hardware_aware import HardwareAwarePolicy
+from specbench.trees.policy import TreePolicy
+
+log = logging.getLogger(__name__)
+BASELINE_SETTINGS = {"method": {"name": BASELINE}, "accept": {"name": "exact"}}
+
+
+@dataclass
+class Request:
+    """What the config asks for, checked; nothing is loaded yet."""
+
+    settings: EvalSettings
+    sampling: SamplingParams
+    entries: list[MethodEntry]
+    trees: list[TreePolicy]  # each entry's tree policy, unfitted: a hardware-aware one has only its cap yet
+    profile_backends: list[str]
+
+    @property
+    def sized(self) -> bool:
+        """Some method sizes its tree from this machine's L(n)."""
+        return any(isinstance(t, HardwareAwarePolicy) for t in self.trees)
+
+
+@dataclass
+class Plan:
+    target: LoadedModel  # in the run's dtype, on its backend
+    execution: ExecutionPlan
+    runs: list[MethodRun]  # the extra plain decodings first, then the methods (the Evaluator adds the baseline)
+    machine: MachineProfile | None
+    context: float  # the context L(n) is read at: the profile's plus half an answer
+    settings_hash: dict[str, str]  # label -> hash of the settings its records carry
+    settings: EvalSettings  # the request's, with the target's chat template
+
+
+def request(cfg, overrides: list[str] | None = None) -> Request:
+    """overrides: the command line's, which every `methods` entry is composed on (read from Hydra inside a run)."""
+    settings = EvalSettings(max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.eval.seed, warmup=cfg.eval.warmup,
+                            baseline=cfg.eval.baseline, first_turn_only=cfg.eval.first_turn_only,
+                            memory_probe=cfg.eval.memory_probe, batch_size=cfg.eval.batch_size)
+    check_dtype(cfg.eval.dtype)
+    check_backend(cfg.model.backend)
+    profile_backends = check_profile_backends(cfg.eval.profile_backends)
+    sampling = SamplingParams(**cfg.sampling)
+    if cfg.eval.hf_generate:
+        check_greedy(sampling)
+    if overrides is None and HydraConfig.initialized():
+        overrides = list(HydraConfig.get().overrides.task)
+    entries = resolve_entries(cfg, overrides or [])
+    trees = [build(e.cfg.tree) for e in entries]
+    for entry, tree in zip(entries, trees):
+        check_tree(entry.cfg.method.drafter, tree)
+    return Request(settings, sampling, entries, trees, profile_backends)
+
+
+def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Path) -> Plan:
+    """loaded: the target as setup_target loads it (eager, float32 under eval.dtype=auto)."""
+    backend = cfg.model.backend
+    wants_profile = AUTO in (cfg.eval.dtype, backend) or cfg.eval.fastest_ar or req.sized
+    backends = req.profile_backends if backend == AUTO or cfg.eval.fastest_ar else [backend]
+    machine = load_or_measure_profile(loaded, backends=backends) if wants_profile else None
+    context = cfg.eval.profile_context + cfg.eval.max_new_tokens / 2
+    execution = plan(cfg.eval.dtype, backend, machine, float(np.mean([t.budget for t in req.trees])), context)
+    log.info("backend/dtype %s", execution.reason)
+    cast = with_dtype(loaded, execution.dtype)  # drafters are built on it (build_drafter says why)
+    target = with_backend(cast, execution.backend)
+
+    fast_b, fast_d = execution.fastest_ar
+    per_method = {e.label: e.settings() for e in req.entries} | {BASELINE: BASELINE_SETTINGS}
+    fastest = [] if not (cfg.eval.baseline and cfg.eval.fastest_ar) \
+        or execution.fastest_ar == (execution.backend, execution.dtype) else [f"{BASELINE}@{execution.fastest_ar_label}"]
+    per_method |= {label: {**BASELINE_SETTINGS, "dtype": fast_d, "backend": fast_b} for label in fastest}
+    eager_ref = cfg.eval.eager_reference and execution.backend != "eager" and EAGER_REFERENCE not in fastest
+    if eager_ref:  # the run's dtype on transformers' own forward: every method's tokens are also checked against it
+        per_method[EAGER_REFERENCE] = {**BASELINE_SETTINGS, "dtype": execution.dtype, "backend": "eager"}
+    if cfg.eval.hf_generate:
+        per_method[HF_GENERATE] = {"method": {"name": HF_GENERATE}, "dtype": fast_d, "backend": "eager"}
+    shared = shared_settings(cfg, execution.dtype, execution.backend)
+    check_and_save_settings(out, shared, per_method)
+    hashes = {label: hash_of(shared, m) for label, m in per_method.items()}
+
+    latency = latency_curve(hw, machine, target, execution, context) if req.sized else None
+    runs = [MethodRun(e.label, _drafter(e, tree, cast, execution.backend, latency), build(e.cfg.accept),
+                      hashes[e.label], e.name) for e, tree in zip(req.entries, req.trees)]
+    fast_cast = cast if fast_d == execution.dtype else with_dtype(loaded, fast_d)
+    plain = [MethodRun(label, AutoregressiveDrafter(), ExactAcceptance(), hashes[label], BASELINE,
+                       with_backend(fast_cast, fast_b)) for label in fastest]
+    if eager_ref:
+        plain.append(MethodRun(EAGER_REFERENCE, AutoregressiveDrafter(), ExactAcceptance(), hashes[EAGER_REFERENCE],
+                               BASELINE, cast))
+    runs = plain + runs
+    if cfg.eval.hf_generate:  # transformers' generate on the eager model, in the fastest plain decoding's dtype
+        runs.append(MethodRun(HF_GENERATE, AutoregressiveDrafter(), ExactAcceptance(), hashes[HF_GENERATE],
+                              HF_GENERATE, fast_cast))
+    return Plan(target, execution, runs, machine, context, hashes,
+                replace(req.settings, chat_template=target.chat_template))
+
+
+def _drafter(entry: MethodEntry, tree: TreePolicy, cast: LoadedModel, backend: str,
+             latency: Callable[[float], float] | None):
+    drafter = build_drafter(entry.cfg.method.drafter, cast, tree, backend)
+    if latency is not None:
+        drafter.fit(latency)
+    return drafter
+
+
+def latency_curve(hw: HardwareSpec, machine: MachineProfile | None, target: LoadedModel, execution: ExecutionPlan,
+                  context: float) -> Callable[[float], float]:
+    """L(n) in ms for a hardware-aware draft: measured here (hw=cpu/cuda read the machine profile) or, for a board
+    spec one projects to, its roofline at the board's own bytes per parameter."""
+    if hw.peak_tflops == MEASURED:
+        return lambda n: machine.latency_ms(execution.dtype, n, context, execution.backend)
+    shape = ModelShape.of(target.model)
+    return lambda n: 1e3 * roofline_step_time(shape, hw, n, context)
