@@ -332,7 +332,8 @@ def quality_figure(summary: pd.DataFrame) -> Figure:
     hollow markers: off the band they would be a bug, where a lossy rule's distance below it is its cost."""
     rows = summary[summary["pass1"].notna()]
     fig, ax = plt.subplots(figsize=(8.5, 4.8))
-    styles = method_styles(rows["method"])
+    others = [m for m in rows["method"] if m != BASELINE]  # a tuned backbone's plain decoding gets its own colour
+    styles = {BASELINE: {"color": "grey", "marker": "X"}} | {m: style(i) for i, m in enumerate(others)}
     greedy = rows[rows["method"] == BASELINE]
     if len(greedy):
         g = greedy.iloc[0]
