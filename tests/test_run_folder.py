@@ -18,7 +18,7 @@ from hydra.core.utils import setup_globals
 from specbench.decoding import Decoder
 from specbench.errors import SpecbenchError
 from specbench.evaluation.methods import resolve_entries
-from specbench.reporting.store import write_atomic
+from specbench.reporting.store import RecordStore, write_atomic
 from specbench.tasks import eval as eval_task
 
 from .conftest import CONF, compose_cfg
@@ -146,6 +146,19 @@ def test_a_garbage_line_inside_records_is_refused_with_its_number(folder, line, 
     rows = lines(folder)
     write_lines(folder, [*rows[:2], line, *rows[2:]])
     assert refused(folder).startswith(f"{folder / 'records.jsonl'} {says}: ")
+
+
+def test_a_whole_garbage_last_line_is_refused_but_a_cut_one_is_dropped(folder, caplog):
+    """A kill can only leave the last line without its newline; a last line that ends in one was written whole."""
+    rows = lines(folder)
+    write_lines(folder, [*rows, "not a record"])
+    assert refused(folder).startswith(f"{folder / 'records.jsonl'} line 7 is not JSON ('not a record')")
+    write_lines(folder, rows)
+    with (folder / "records.jsonl").open("a") as fh:
+        fh.write('{"method": "pld", "question_id": "8')
+    store = RecordStore(folder / "records.jsonl")
+    assert len(store.rows) == 6 and "line 7 was cut by a kill" in caplog.text
+    assert (folder / "records.jsonl").read_text() == "".join(json.dumps(r) + "\n" for r in rows)
 
 
 def test_a_duplicate_record_is_refused_naming_both_lines(folder):

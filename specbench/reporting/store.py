@@ -5,6 +5,7 @@ lock (one run at a time)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
 from contextlib import contextmanager
@@ -14,6 +15,8 @@ import pandas as pd
 from filelock import FileLock, Timeout
 
 from specbench.errors import SpecbenchError
+
+log = logging.getLogger(__name__)
 
 RECORDS_FILE = "records.jsonl"
 LOCK_FILE = ".lock"
@@ -87,7 +90,8 @@ class RecordStore:
             self._load()
 
     def _load(self) -> None:
-        """Only the last line can be cut by a kill: it is dropped (and redone). Any other unreadable line, or a record
+        """Only the last line can be cut by a kill, and then it lacks its newline (a record is written with its
+        newline in one call): it is dropped, with a warning, and redone. Any other unreadable line, or a record
         written twice (two runs at once), is refused with its line number."""
         text = self.path.read_text(encoding="utf-8", errors="replace")
         lines, first_line = text.splitlines(), {}
@@ -95,7 +99,9 @@ class RecordStore:
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
-                if number == len(lines):
+                if number == len(lines) and not text.endswith("\n"):
+                    log.warning("%s line %d was cut by a kill (%r): dropped, its prompt is decoded again", self.path,
+                                number, line[:40])
                     break
                 raise SpecbenchError(f"{self.path} line {number} is not JSON ({line[:40]!r}): only the last line may "
                                      f"be cut by a kill; remove that line or give another hydra.run.dir") from None
