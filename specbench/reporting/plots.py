@@ -346,9 +346,9 @@ def quality_figure(summary: pd.DataFrame) -> Figure:
         xerr = [[max(0.0, x - row["speedup_ci_low"])], [max(0.0, row["speedup_ci_high"] - x)]]
         yerr = [[max(0.0, y - 100 * row["pass1_ci_low"])], [max(0.0, 100 * row["pass1_ci_high"] - y)]]
         lossless = bool(row.get("lossless_rule", False))
-        style = styles[row["method"]]
+        look = styles[row["method"]]
         ax.errorbar(x, y, xerr=np.nan_to_num(xerr), yerr=np.nan_to_num(yerr), capsize=3, ls="none",
-                    color=style["color"], marker=style["marker"], markersize=7, mfc="white" if lossless else None,
+                    color=look["color"], marker=look["marker"], markersize=7, mfc="white" if lossless else None,
                     label=f"{row['method']} ({'lossless' if lossless else 'lossy'}): "
                           f"{100 * row['pass1']:.1f}%, {row['speedup']:.2f}x")
     ax.set_xlabel(SPEEDUP_LABEL.format(_fastest(summary)))
