@@ -189,8 +189,8 @@ def check_schema(prefix: str, values: dict, schema, high: dict | None = None) ->
 
 def check_target(key: str, values: dict) -> None:
     """A node instantiated by Hydra: each key a parameter of its _target_, of the annotated type (a model's RUN_KEYS
-    are the task's, checked in _check_inputs)."""
-    if key == "model":
+    are the task's, checked in _check_inputs; a draft model's, method.draft.model, are the run's too)."""
+    if key.rsplit(".", 1)[-1] == "model":
         values = {k: v for k, v in values.items() if k not in RUN_KEYS}
     target = get_object(values["_target_"])
     params = inspect.signature(target).parameters

@@ -435,3 +435,52 @@ def test_layout_errors_are_one_line(tmp_path, target):
     model_dir = write(tmp_path / "model", {"hidden_size": 64}, "model.safetensors", {"lm_head.weight": torch.ones(2)})
     with pytest.raises(SpecbenchError, match="no EAGLE draft weights"):
         EagleDrafter(target, DynamicPolicy(budget=8, top_k=2, depth=3), checkpoint=str(model_dir))
+
+
+def test_hub_ids_resolve_from_the_local_cache_only(tmp_path, target, monkeypatch):
+    """A hub id names its snapshot in the local Hugging Face cache; one not there is an error, never a download."""
+    import huggingface_hub.constants
+
+    snapshot = tmp_path / "hub" / "models--acme--medusa-tiny" / "snapshots" / "abc123"
+    medusa_folder(snapshot, target, 1, "medusa_lm_head.safetensors")
+    (tmp_path / "hub" / "models--acme--medusa-tiny" / "refs").mkdir()
+    (tmp_path / "hub" / "models--acme--medusa-tiny" / "refs" / "main").write_text("abc123")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    assert MedusaDrafter(target, STATIC, checkpoint="acme/medusa-tiny").num_heads == 3
+    with pytest.raises(SpecbenchError, match="'acme/absent' does not exist.*runs never download"):
+        MedusaDrafter(target, STATIC, checkpoint="acme/absent")
+
+
+def test_vicuna_config_renders_fastchats_prompt(tmp_path, tiny):
+    """conf/model/vicuna_7b.yaml's template is FastChat's vicuna_v1.1 (its tokenizer ships none), set on load."""
+    from specbench.models.loading import load_model
+
+    tiny.model.save_pretrained(tmp_path / "vicuna")
+    tiny.tokenizer.save_pretrained(tmp_path / "vicuna")
+    template = compose_cfg(["model=vicuna_7b"], tmp_path).model.chat_template
+    loaded = load_model("vicuna_7b", str(tmp_path / "vicuna"), dtype="float32", chat_template=template)
+    turns = [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Hello."},
+             {"role": "user", "content": "Why?"}]
+    system = ("A chat between a curious user and an artificial intelligence assistant. The assistant gives helpful, "
+              "detailed, and polite answers to the user's questions.")
+    assert loaded.chat_template is True
+    assert loaded.tokenizer.apply_chat_template(turns, add_generation_prompt=True, tokenize=False) == \
+        f"{tiny.tokenizer.bos_token}{system} USER: Hi? ASSISTANT: Hello.</s>USER: Why? ASSISTANT:"
+
+
+def test_gpu_recipes_validate_with_the_users_paths(tmp_path, tiny):
+    """docs/GPU.md's experiments compose and pass every setting check once the user's folders are given (their
+    shipped defaults name hub ids this offline machine has not cached)."""
+    from specbench.schema import validate
+
+    tiny.model.save_pretrained(tmp_path / "vicuna")
+    tiny.tokenizer.save_pretrained(tmp_path / "vicuna")
+    medusa, _ = medusa_folder(tmp_path / "medusa", tiny, 1, "medusa_lm_head.safetensors")
+    questions = tmp_path / "question.jsonl"
+    questions.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["Why?"]}) + "\n")
+    paths = [f"model.path={tmp_path / 'vicuna'}", f"checkpoints.medusa={medusa}"]
+    validate(compose_cfg(["experiment=gpu_medusa1_vicuna7b", *paths], tmp_path))
+    validate(compose_cfg(["experiment=gpu_spec_bench_vicuna7b", *paths, f"checkpoints.eagle={medusa}",
+                          f"checkpoints.draft={tmp_path / 'vicuna'}", f"dataset.path={questions}"], tmp_path))
+    with pytest.raises(SpecbenchError, match="Missing mandatory value: checkpoints.medusa"):
+        validate(compose_cfg(["experiment=gpu_medusa1_vicuna7b", paths[0]], tmp_path))

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import torch
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from transformers import DynamicCache
 
 from specbench.sampling import SamplingParams
 from specbench.drafters.base import DrafterCost, DecodeState, Drafter, StepOutcome
 from specbench.drafters.universal import UniversalDraft
 from specbench.errors import SpecbenchError
+from specbench.models.backends import RUN_KEYS
 from specbench.models.distilled_draft import load_distilled_draft
 from specbench.models.early_exit import early_exit
 from specbench.models.shape import ModelShape
@@ -74,8 +75,10 @@ class DraftModelDrafter(Drafter):
             raise SpecbenchError(f"method={self.name} needs exactly one draft: method.draft.early_exit_layers=N (the "
                                  f"target's first N layers), a model-group entry in method.draft.model (then set "
                                  f"method.draft.early_exit_layers=null) or a distilled draft in method.checkpoint")
-        if isinstance(draft_model, DictConfig):  # a model-group node: load it like the target
-            draft_model = instantiate(draft_model, dtype=str(target.model.dtype).removeprefix("torch."),
+        if isinstance(draft_model, DictConfig):  # a model-group node: load it like the target (the run's backend
+            # is applied to it by evaluation.methods.build_drafter, so its RUN_KEYS are no loader arguments)
+            loader = OmegaConf.masked_copy(draft_model, [k for k in draft_model if k not in RUN_KEYS])
+            draft_model = instantiate(loader, dtype=str(target.model.dtype).removeprefix("torch."),
                                       device=str(target.model.device))
         if checkpoint is not None:
             self.draft = load_distilled_draft(target, checkpoint)

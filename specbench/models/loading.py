@@ -31,6 +31,7 @@ class LoadedModel:
     source: str  # where the weights came from
     chat_template: bool = True  # wrap prompts in the tokenizer's chat template (instruct models)
     backend: str = "eager"  # how forwards run (models/backends.py); with_dtype and drafters see the same model
+    weights: str = "fp"  # fp (as loaded), int8 or int4_g<group> (models/quantize.py): a quantised target is its own
 
     @property
     def eos_token_ids(self) -> list[int]:
@@ -131,7 +132,7 @@ def check_model_path(path) -> None:
 
 
 def load_model(name: str, path: str, dtype: str = "bfloat16", device: str = "cpu", use_cache: bool = True,
-               trust_remote_code: bool = False, chat_template: bool = True) -> LoadedModel:
+               trust_remote_code: bool = False, chat_template: bool | str = True) -> LoadedModel:
     """Load the model behind `path` (see resolve_path), converting GGUF files once into a safetensors cache. It runs
     on transformers' eager forward: a task applies the run's execution backend (models/backends.py) afterwards."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -159,6 +160,8 @@ def load_model(name: str, path: str, dtype: str = "bfloat16", device: str = "cpu
     if load_kwargs and use_cache and cached is not None:
         _save_cache(model, tokenizer, cached)
     model = model.to(dtype=torch_dtype(dtype), device=device).eval()
+    if isinstance(chat_template, str):  # a Jinja template for a tokenizer that ships none (Vicuna's FastChat prompt)
+        tokenizer.chat_template, chat_template = chat_template, True
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, source=str(resolved), chat_template=chat_template)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from specbench.errors import SpecbenchError
 from specbench.models.artifact import load_artifact
 from specbench.models.published.eagle import eagle_checkpoint, published_eagle_head
-from specbench.models.published.files import LAYOUTS, find_published
+from specbench.models.published.files import LAYOUTS, find_published, resolve
 from specbench.models.published.medusa import medusa_checkpoint
 from specbench.models.published.ppd import ppd_checkpoint
 
@@ -24,6 +24,12 @@ def load_drafter_checkpoint(path, method: str, target) -> tuple[dict, dict]:
     """(metadata, tensors) of method's checkpoint at path for target: ours, or a published layout mapped onto ours."""
     ckpt = find_published(path)
     if ckpt is None:
+        local = resolve(path) if path else None
+        if local is not None and not local.exists() and not local.with_suffix(".safetensors").exists():
+            raise SpecbenchError(f"checkpoint '{path}' does not exist: give a specbench artifact (.safetensors beside "
+                                 f"its .json), a folder in a published layout ({LAYOUTS}), or a hub id already in "
+                                 f"the local Hugging Face cache (runs never download: fetch it first, e.g. "
+                                 f"`hf download {path} --local-dir DIR`)")
         return load_artifact(path, method, target)
     if ckpt.kind != method:
         raise SpecbenchError(f"checkpoint '{ckpt.folder}' is in the published {ckpt.name} layout, not {method}'s "

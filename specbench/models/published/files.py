@@ -55,17 +55,27 @@ class Published:
         return names
 
     def tensors(self, prefix: str = "") -> dict[str, torch.Tensor]:
-        """Every tensor whose key starts with prefix (prefix removed), as stored."""
+        """Every tensor whose key starts with prefix (prefix removed), as stored; a safetensors file reads only those
+        (a Medusa-2 folder's heads, not its 7B backbone)."""
         found: dict[str, torch.Tensor] = {}
         for path in self.weights:
-            found |= {k.removeprefix(prefix): v for k, v in read_tensors(path).items() if k.startswith(prefix)}
+            found |= {k.removeprefix(prefix): v for k, v in read_tensors(path, prefix).items()}
         return found
 
 
 def resolve(path) -> Path:
+    """A local path (relative ones also against the repo root), or a hub id's snapshot already in the local Hugging
+    Face cache: nothing is downloaded here."""
     path = Path(str(path)).expanduser()
     if not path.is_absolute() and not path.exists() and (REPO_ROOT / path).exists():
         path = REPO_ROOT / path
+    if not path.exists() and len(path.parts) == 2 and not str(path).startswith((".", "/", "~")):
+        from huggingface_hub import snapshot_download
+
+        try:
+            return Path(snapshot_download(str(path), local_files_only=True))
+        except Exception:  # noqa: BLE001 -- not in the cache (or not a hub id): the artifact loader names the path
+            return path
     return path
 
 
@@ -121,12 +131,13 @@ def _weights(kind: str, folder: Path, given: Path) -> list[Path]:
                          f"({', '.join(n for n in WEIGHTS[kind] if not n.endswith('.json'))})")
 
 
-def read_tensors(path: Path) -> dict[str, torch.Tensor]:
-    """A flat {key: tensor} from a safetensors file or a torch state dict, never unpickling code."""
+def read_tensors(path: Path, prefix: str = "") -> dict[str, torch.Tensor]:
+    """The {key: tensor} entries whose key starts with prefix, from a safetensors file or a torch state dict, never
+    unpickling code."""
     try:
         if path.suffix == ".safetensors":
             with safe_open(str(path), framework="pt") as f:
-                return {k: f.get_tensor(k) for k in f.keys()}
+                return {k: f.get_tensor(k) for k in f.keys() if k.startswith(prefix)}
         state = torch.load(path, map_location="cpu", weights_only=True)
     except (SafetensorError, OSError, RuntimeError, pickle.UnpicklingError, EOFError) as exc:
         raise SpecbenchError(f"checkpoint '{path}' could not be read safely ({str(exc).splitlines()[0][:160]}); "
@@ -134,4 +145,4 @@ def read_tensors(path: Path) -> dict[str, torch.Tensor]:
     if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
         raise SpecbenchError(f"checkpoint '{path}' is not a state dict of tensors (a {type(state).__name__}); give "
                              f"the published weights file ({LAYOUTS})")
-    return state
+    return {k: v for k, v in state.items() if k.startswith(prefix)}

@@ -23,9 +23,8 @@ KEY = re.compile(r"^(\d+)\.(\d+)\.(linear\.weight|linear\.bias|weight)$")
 
 def medusa_checkpoint(ckpt: Published, target) -> tuple[dict, dict[str, torch.Tensor]]:
     """(metadata, tensors) keyed as specbench.drafters.medusa.MedusaHeads(tie_lm_head=False)."""
-    raw = ckpt.tensors()
-    if any(k.startswith("medusa_head.") for k in raw):  # Medusa-2: the heads inside the tuned model's weights
-        raw = {k.removeprefix("medusa_head."): v for k, v in raw.items() if k.startswith("medusa_head.")}
+    heads_only = ckpt.weights[0].name.startswith("medusa_lm_head")
+    raw = ckpt.tensors() if heads_only else ckpt.tensors("medusa_head.")  # Medusa-2: the heads inside the model
     layers = ckpt.config.get("medusa_num_layers", 1)
     parsed = [(KEY.match(k), k) for k in raw]
     bad = [k for m, k in parsed if m is None]
