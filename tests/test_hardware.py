@@ -1,6 +1,7 @@
 """Hardware modelling: spec validation, the per-op roofline, projection, SSSD's threshold, Ghidorah, LLMCad, and
 the measured machine profile (on the tiny model, with small microbenchmarks)."""
 
+import dataclasses
 import json
 import re
 import subprocess
@@ -97,7 +98,7 @@ def test_hw_cuda_without_a_gpu_stops_in_activate():
     with pytest.raises(SpecbenchError, match="no CUDA device"):
         hw.activate()
     with pytest.raises(SpecbenchError, match="no CUDA device"):
-        hw.peaks
+        hw.figure("peak_tflops")
 
 
 def test_bad_hw_input_ends_in_one_error_line_from_the_cli():
@@ -118,8 +119,11 @@ def test_every_figure_in_a_hw_file_carries_a_source_comment():
 
 def test_measured_specs_read_the_cached_profile(cache):
     hw = board("cpu")
-    assert hw.peaks == FAKE_PEAKS["peak_tflops"] and hw.bandwidth_gbs == 40.0
-    assert hw.layer_overhead == pytest.approx(1e-4) and hw.memory == 16.0
+    assert hw.figure("peak_tflops") == FAKE_PEAKS["peak_tflops"] and hw.figure("mem_bandwidth_gbs") == 40.0
+    assert hw.figure("layer_overhead_ms") == pytest.approx(0.1) and hw.figure("memory_gb") == 16.0
+    assert hw.figure("storage_bandwidth_gbs") == board("cpu").storage_bandwidth_gbs  # never measured
+    with pytest.raises(SpecbenchError, match="hw figure 'memory' is unknown; valid: peak_tflops"):
+        hw.figure("memory")
 
 
 def test_measure_peaks_returns_positive_figures_quickly():
@@ -260,9 +264,10 @@ def test_ghidorah_bad_input_is_named():
 
 # --- LLMCad ------------------------------------------------------------------------------------------------------
 
-def test_llmcad_streams_what_does_not_fit_in_the_budget():
-    jetson, target, draft = board("jetson"), named_shape("llama2_7b"), named_shape("tinyllama_1.1b")
-    frame = llmcad.streaming_latency(target, draft, jetson, budget_gb=4, tau=2.5, draft_len=4)
+def test_llmcad_streams_what_does_not_fit_in_the_memory_the_target_may_occupy():
+    target, draft = named_shape("llama2_7b"), named_shape("tinyllama_1.1b")
+    jetson = dataclasses.replace(board("jetson"), memory_gb=4)  # hw.memory_gb=4: LLMCad's 4 GB budget
+    frame = llmcad.streaming_latency(target, draft, jetson, tau=2.5, draft_len=4)
     kv = sum(2 * s.layers * s.kv_heads * s.head_dim * 2 * 260 for s in (target, draft))
     streamed = target.weight_bytes - (4e9 - draft.weight_bytes - kv)
     assert frame.attrs["streamed_gb"] == pytest.approx(streamed / 1e9)
@@ -270,10 +275,9 @@ def test_llmcad_streams_what_does_not_fit_in_the_budget():
     load_ms = streamed / 0.4e9 * 1e3
     assert rows["plain decoding, streaming"] == pytest.approx(load_ms + rows.iloc[0])
     assert rows.iloc[3] <= rows.iloc[2] < rows.iloc[1]  # overlap never hurts; speculation divides the loads
-    capped = llmcad.streaming_latency(target, draft, jetson, budget_gb=100, tau=2.5, draft_len=4)
-    assert capped.attrs["budget_gb"] == 8  # memory_gb caps the budget
+    assert frame.attrs["memory_gb"] == 4
     with pytest.raises(SpecbenchError, match="do not fit in a 1.0 GB budget"):
-        llmcad.streaming_latency(target, draft, jetson, budget_gb=1, tau=2.5, draft_len=4)
+        llmcad.streaming_latency(target, draft, dataclasses.replace(jetson, memory_gb=1), tau=2.5, draft_len=4)
 
 
 # --- machine profile ---------------------------------------------------------------------------------------------

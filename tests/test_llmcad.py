@@ -254,11 +254,11 @@ def test_projection_of_a_summary_row_under_a_memory_budget(tmp_path):
     jetson = build(compose_cfg(["hw=jetson", "hw.memory_gb=4"], tmp_path).hw)
     target, draft = named_shape("llama2_7b"), named_shape("tinyllama_1.1b")
     got = project({"tau": 2.5, "mean_tree_size": 5.0}, jetson, target, draft)
-    want = llmcad.streaming_latency(target, draft, jetson, 4, 2.5, 4.0)["per_token_ms"].tolist()
+    want = llmcad.streaming_latency(target, draft, jetson, 2.5, 4.0)["per_token_ms"].tolist()
     assert got["projected_ar_streaming_ms_per_token"] == pytest.approx(want[1])
     assert got["projected_streaming_ms_per_token"] == pytest.approx(want[2])
     assert got["projected_overlap_ms_per_token"] == pytest.approx(want[3]) and want[3] <= want[2] < want[1]
-    assert got["projected_target_calls_per_token"] == pytest.approx(0.4) and got["projected_budget_gb"] == 4
+    assert got["projected_target_calls_per_token"] == pytest.approx(0.4) and got["projected_memory_gb"] == 4
     plain = project({"tau": 1.0, "mean_tree_size": 1.0}, jetson, target, draft)  # the autoregressive row
     assert plain["projected_overlap_ms_per_token"] == plain["projected_ar_streaming_ms_per_token"]
     assert plain["projected_overlap_speedup"] == 1.0

@@ -5,7 +5,7 @@ verification budget b*s_q, Ghidorah's partitions with ARCA's width (boards with 
 LLMCad's per-token latency under a memory budget, and a roofline chart of cpu (measured), jetson, a100 and hw.
 
 Knobs (`+hardware.KEY=VALUE`): model (llama2_7b), draft (tinyllama_1.1b), context (256), tau (mbpp: a Ghidorah
-Table I row), budget_gb (4), llmcad_tau (2.5: assumed tokens per target forward), draft_len (4).
+Table I row), llmcad_tau (2.5: assumed tokens per target forward), draft_len (4).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from specbench.tasks._common import build_hw, run_dir
 from specbench.tasks.report import command_line
 
 HW_DIR = CONF_DIR / "hw"
-DEFAULTS = {"model": "llama2_7b", "draft": "tinyllama_1.1b", "context": 256, "tau": "mbpp", "budget_gb": 4.0,
+DEFAULTS = {"model": "llama2_7b", "draft": "tinyllama_1.1b", "context": 256, "tau": "mbpp",
             "llmcad_tau": 2.5, "draft_len": 4}
 
 
@@ -41,7 +41,8 @@ def load_hw(name: str) -> HardwareSpec:
 
 def _local_dtype(cfg, hw: HardwareSpec) -> str:
     """eval.dtype when it names one; otherwise (auto) the dtype with the highest measured matmul peak."""
-    return cfg.eval.dtype if cfg.eval.dtype in BYTES_PER else max(hw.peaks, key=hw.peaks.get)
+    peaks = hw.figure("peak_tflops")
+    return cfg.eval.dtype if cfg.eval.dtype in BYTES_PER else max(peaks, key=peaks.get)
 
 
 def _print(title: str, frame: pd.DataFrame) -> None:
@@ -96,12 +97,12 @@ def run(cfg) -> dict:
                              f"Medusa heads, context {ctx}, tau(W) from Table I ({opts['tau']})",
                              out / "ghidorah_widths.png")
 
-    stream = llmcad.streaming_latency(model, named_shape(opts["draft"]), hw, opts["budget_gb"], opts["llmcad_tau"],
+    stream = llmcad.streaming_latency(model, named_shape(opts["draft"]), hw, opts["llmcad_tau"],
                                       opts["draft_len"], ctx)
     tables["llmcad"] = stream
     a = stream.attrs
     _print(f"LLMCad on {hw.name}, modelled: {opts['model']} ({a['target_gb']:.1f} GB {a['dtype']}) with draft "
-           f"{opts['draft']} ({a['draft_gb']:.1f} GB) in a {a['budget_gb']:.1f} GB budget: {a['streamed_gb']:.1f} GB "
+           f"{opts['draft']} ({a['draft_gb']:.1f} GB) in hw.memory_gb={a['memory_gb']:.1f} GB: {a['streamed_gb']:.1f} GB "
            f"streamed per target forward at {hw.storage_bandwidth_gbs} GB/s ({a['load_ms']:.0f} ms); "
            f"tau={opts['llmcad_tau']}, draft_len={opts['draft_len']}", stream)
 

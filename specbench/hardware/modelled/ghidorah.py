@@ -56,11 +56,11 @@ def best_split(shape: ModelShape, hw: HardwareSpec, width: float, context: float
     ops = pd.concat([op_costs(shape, width, context, 1, dtype, medusa_tree_nnz(width)),
                      drafter_costs(shape, DrafterCost(medusa_heads=heads), width, context, 1, dtype)],
                     ignore_index=True).set_index("op")
-    fixed = shape.layers * (hw.layer_overhead + SYNCS_PER_LAYER[partition] * hw.sync_ms / 1e3)
+    fixed = shape.layers * (hw.figure("layer_overhead_ms") / 1e3 + SYNCS_PER_LAYER[partition] * hw.sync_ms / 1e3)
     if partition == "gpu_only":
-        alone = min(1.0, hw.bandwidth_gbs / gpu.mem_bandwidth_gbs)
+        alone = min(1.0, hw.figure("mem_bandwidth_gbs") / gpu.mem_bandwidth_gbs)
         return 0.0, fixed + sum(_time(gpu, o.flops, o.bytes, dtype, alone) for o in ops.itertuples())
-    both = min(1.0, hw.bandwidth_gbs / (gpu.mem_bandwidth_gbs + cpu.mem_bandwidth_gbs))  # contention
+    both = min(1.0, hw.figure("mem_bandwidth_gbs") / (gpu.mem_bandwidth_gbs + cpu.mem_bandwidth_gbs))  # contention
     linears = ops.loc[[op for op in ops.index if op in LINEARS]]
     cache, tree = ops.loc["attn_cache"], ops.loc["attn_tree"]
 
@@ -78,7 +78,7 @@ def best_split(shape: ModelShape, hw: HardwareSpec, width: float, context: float
         act = 4.0 if dtype == "float32" else 2.0  # activations stay 16-bit under quantised weights
         allreduce_bytes = 2 * shape.layers * 3 * width * shape.hidden * act  # read both partials, write the sum
         return (t + split(cache.flops + dense_tree, cache.bytes + tree.bytes, r)
-                + allreduce_bytes / (hw.bandwidth_gbs * 1e9))
+                + allreduce_bytes / (hw.figure("mem_bandwidth_gbs") * 1e9))
 
     times = [total(r) for r in ratios]
     best = int(np.argmin(times))

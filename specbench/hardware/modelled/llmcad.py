@@ -23,16 +23,16 @@ def _kv_bytes(shape: ModelShape, context: float, dtype_bytes: float) -> float:
     return 2 * shape.layers * shape.kv_heads * shape.head_dim * dtype_bytes * context
 
 
-def streaming_latency(target: ModelShape, draft: ModelShape, hw: HardwareSpec, budget_gb: float, tau: float,
-                      draft_len: int, context: float = 256, dtype: str | None = None) -> pd.DataFrame:
-    """Per-token latency of plain decoding and of speculation (without and with LLMCad's overlap) under a memory
-    budget, at the board's weight dtype. budget_gb is capped by hw.memory_gb."""
-    if tau < 1 or draft_len < 1 or budget_gb <= 0:
-        raise SpecbenchError(f"LLMCad's model needs tau >= 1, draft_len >= 1 and budget_gb > 0; "
-                             f"got tau={tau}, draft_len={draft_len}, budget_gb={budget_gb}")
+def streaming_latency(target: ModelShape, draft: ModelShape, hw: HardwareSpec, tau: float, draft_len: int,
+                      context: float = 256, dtype: str | None = None) -> pd.DataFrame:
+    """Per-token latency of plain decoding and of speculation (without and with LLMCad's overlap) when the target
+    may occupy hw.memory_gb (LLMCad's memory budget: give hw.memory_gb=4 for a 4 GB budget on an 8 GB board), at the
+    board's weight dtype."""
+    if tau < 1 or draft_len < 1:
+        raise SpecbenchError(f"LLMCad's model needs tau >= 1 and draft_len >= 1; got tau={tau}, draft_len={draft_len}")
     dtype = board_dtype(target, hw, dtype)
     target, draft = target.with_dtype(dtype), draft.with_dtype(dtype)
-    budget = min(budget_gb, hw.memory) * 1e9
+    budget = hw.figure("memory_gb") * 1e9
     act = 4.0 if dtype == "float32" else 2.0
     kv = _kv_bytes(target, context + draft_len, act) + _kv_bytes(draft, context + draft_len, act)
     resident = budget - draft.weight_bytes - kv
@@ -51,7 +51,7 @@ def streaming_latency(target: ModelShape, draft: ModelShape, hw: HardwareSpec, b
     frame = pd.DataFrame([{"scenario": s, "step_ms": 1e3 * t, "tokens_per_step": k, "per_token_ms": 1e3 * t / k}
                           for s, t, k in rows])
     frame["speedup_vs_streaming"] = frame["per_token_ms"].iloc[1] / frame["per_token_ms"]
-    frame.attrs = {"dtype": dtype, "budget_gb": budget / 1e9, "streamed_gb": streamed / 1e9,
+    frame.attrs = {"dtype": dtype, "memory_gb": budget / 1e9, "streamed_gb": streamed / 1e9,
                    "target_gb": target.weight_bytes / 1e9, "draft_gb": draft.weight_bytes / 1e9,
                    "load_ms": 1e3 * load}
     return frame
@@ -64,13 +64,13 @@ def project_llmcad(row: Mapping, hw: HardwareSpec, target: ModelShape, draft: Mo
     gets plain streaming decoding. The draft forwards per step are taken as mean_tree_size - 1: exact for a chain,
     an upper bound for a tree (one forward can add several branches)."""
     tau, tree_size = float(row["tau"]), float(row["mean_tree_size"])
-    frame = streaming_latency(target, draft, hw, hw.memory, max(tau, 1.0), max(tree_size - 1, 1.0), context, dtype)
+    frame = streaming_latency(target, draft, hw, max(tau, 1.0), max(tree_size - 1, 1.0), context, dtype)
     if frame.attrs["streamed_gb"] == 0:
         return {}
     per_token = frame["per_token_ms"].tolist()  # no budget, plain streaming, speculative, speculative + overlap
     drafted = tree_size > 1
     stream, overlap = (per_token[2], per_token[3]) if drafted else (per_token[1], per_token[1])
-    return {"projected_budget_gb": frame.attrs["budget_gb"], "projected_streamed_gb": frame.attrs["streamed_gb"],
+    return {"projected_memory_gb": frame.attrs["memory_gb"], "projected_streamed_gb": frame.attrs["streamed_gb"],
             "projected_target_calls_per_token": 1 / tau if tau > 0 else math.nan,
             "projected_ar_streaming_ms_per_token": per_token[1],
             "projected_streaming_ms_per_token": stream, "projected_overlap_ms_per_token": overlap,

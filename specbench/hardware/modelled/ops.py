@@ -76,8 +76,8 @@ def roofs(hw: HardwareSpec, dtype: str) -> tuple[float, float]:
     if any(u.kind == "gpu" for u in hw.units):
         gpu = hw.unit("gpu")
         return (gpu.peak_flops(compute_dtype(gpu.peak_tflops, dtype)),
-                min(gpu.mem_bandwidth_gbs, hw.bandwidth_gbs) * 1e9)
-    return hw.peak_flops(compute_dtype(hw.peaks, dtype)), hw.bandwidth_gbs * 1e9
+                min(gpu.mem_bandwidth_gbs, hw.figure("mem_bandwidth_gbs")) * 1e9)
+    return hw.peak_flops(compute_dtype(hw.figure("peak_tflops"), dtype)), hw.figure("mem_bandwidth_gbs") * 1e9
 
 
 def board_dtype(shape: ModelShape, hw: HardwareSpec, dtype: str | None) -> str:
@@ -99,7 +99,7 @@ def roofline_ops(shape: ModelShape, hw: HardwareSpec, tokens: float, context: fl
     frame["intensity"] = frame["flops"] / frame["bytes"]
     frame["seconds"] = compute_s.where(compute_s > memory_s, memory_s)
     frame["bound"] = (compute_s > memory_s).map({True: "compute", False: "memory"})
-    overhead = hw.layer_overhead * (shape.layers + (drafter.draft.layers * drafter.draft_forwards
+    overhead = hw.figure("layer_overhead_ms") / 1e3 * (shape.layers + (drafter.draft.layers * drafter.draft_forwards
                                                     if drafter and drafter.draft is not None else 0))
     overhead_row = {"op": "overhead", "flops": 0.0, "weight_bytes": 0.0, "bytes": 0.0, "intensity": 0.0,
                     "seconds": overhead, "bound": "fixed"}

@@ -23,7 +23,7 @@ UNIT_KINDS = ("cpu", "gpu", "npu")
 REQUIRED = {"peak_tflops": "{dtype: dense matrix TFLOP/s} or measured",
             "mem_bandwidth_gbs": "DRAM bandwidth in GB/s or measured",
             "layer_overhead_ms": "fixed cost per transformer layer per forward (launches, dispatch) or measured",
-            "memory_gb": "DRAM capacity in GB or measured", "storage_bandwidth_gbs": "storage read bandwidth in GB/s"}
+            "memory_gb": "the memory the target may occupy in GB (DRAM capacity, or a budget below it) or measured", "storage_bandwidth_gbs": "storage read bandwidth in GB/s"}
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ class HardwareSpec:
     peak_tflops: dict | str | None = None  # {dtype: TFLOP/s} of the whole device, or "measured"
     mem_bandwidth_gbs: float | str | None = None
     layer_overhead_ms: float | str | None = None
-    memory_gb: float | None = None  # LLMCad: what does not fit in min(memory_gb, budget) streams from storage
+    memory_gb: float | None = None  # LLMCad: the target's weights beyond what fits here stream from storage
     storage_bandwidth_gbs: float | None = None
     weight_dtype: str | None = None  # what the board runs (its bytes per parameter); None: the local run's dtype
     unified_memory: bool = False  # the units share one DRAM: Ghidorah's partitions need it
@@ -117,28 +117,17 @@ class HardwareSpec:
                                  f"with specbench.hardware.measured.with_measurements")
         return self.measure(device)
 
-    @property
-    def peaks(self) -> dict[str, float]:
-        """{dtype: TFLOP/s}."""
-        return self._measured["peak_tflops"] if self.peak_tflops == MEASURED else self.peak_tflops
-
-    @property
-    def bandwidth_gbs(self) -> float:
-        return self._measured["mem_bandwidth_gbs"] if self.mem_bandwidth_gbs == MEASURED else self.mem_bandwidth_gbs
-
-    @property
-    def memory(self) -> float:
-        """DRAM capacity in GB."""
-        return self._measured["memory_gb"] if self.memory_gb == MEASURED else self.memory_gb
-
-    @property
-    def layer_overhead(self) -> float:
-        """Seconds per transformer layer per forward."""
-        ms = self._measured["layer_overhead_ms"] if self.layer_overhead_ms == MEASURED else self.layer_overhead_ms
-        return ms / 1e3
+    def figure(self, key: str):
+        """One of the REQUIRED figures by its own name (peak_tflops: {dtype: TFLOP/s}, mem_bandwidth_gbs, memory_gb:
+        the memory the target may occupy, layer_overhead_ms, storage_bandwidth_gbs), read from this machine's
+        profile where the spec says `measured`: one name per figure, in the config and in the code."""
+        if key not in REQUIRED:
+            raise SpecbenchError(f"hw figure '{key}' is unknown; valid: {', '.join(REQUIRED)}")
+        value = getattr(self, key)
+        return self._measured[key] if value == MEASURED else value
 
     def peak_flops(self, dtype: str) -> float:
-        return _peak(self.peaks, dtype, f"hw '{self.name}'") * 1e12
+        return _peak(self.figure("peak_tflops"), dtype, f"hw '{self.name}'") * 1e12
 
     def unit(self, kind: str) -> ProcessingUnit:
         for u in self.units:
