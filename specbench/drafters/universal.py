@@ -87,7 +87,7 @@ class UniversalDraft:
         self.fed, feed, new = ids[:keep], ids[keep:], []
         for _ in range(length):
             out = model(input_ids=torch.tensor([feed], device=model.device), past_key_values=self.cache,
-                             use_cache=True, logits_to_keep=1)
+                        use_cache=True, logits_to_keep=1)
             self.fed += feed
             token = int(out.logits[0, -1].argmax())
             if token in self.eos:
