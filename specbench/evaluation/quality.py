@@ -27,7 +27,9 @@ resampled together, scipy), pass1_gained / pass1_lost (problems only the method 
 (share of problems whose executed program differs from greedy's: how often a lossy method changed the code at all),
 pass1_problems,
 and pass1_lossless: for a lossless rule at temperature 0, whether every problem's verdict equals its lossless
-reference's (the baseline, or a Medusa-2 backbone's own plain decoding): pass@1 equal exactly, not just on average.
+reference's (the baseline, or a Medusa-2 backbone's own plain decoding), the same model verifying both: pass@1 equal
+exactly, not just on average (NaN for lossy rules, sampling, and a tuned backbone's plain decoding against the
+original model's, which promises nothing).
 """
 
 from __future__ import annotations
@@ -196,7 +198,8 @@ def pass_at_1(executed: pd.DataFrame, records: pd.DataFrame, seed: int = 0) -> p
         info = first.loc[method] if method in first.index else None
         if info is not None and bool(info["lossless_rule"]) and float(info["temperature"]) == 0:
             ref = info.get("reference") if isinstance(info.get("reference"), str) else BASELINE
-            if ref != method and ref in verdicts:
+            same_model = ref in first.index and info.get("model") == first.loc[ref].get("model")
+            if ref != method and ref in verdicts and same_model:  # a tuned backbone promises nothing about the original
                 pair = pd.concat([passed, verdicts[ref]], axis=1, join="inner")
                 row["pass1_lossless"] = bool(len(pair) == n and (pair.iloc[:, 0] == pair.iloc[:, 1]).all())
         rows.append(row)
