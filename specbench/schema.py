@@ -31,9 +31,11 @@ from specbench.config import build
 from specbench.data.prompts import HELD_OUT_FROM, read_jsonl
 from specbench.errors import SpecbenchError
 from specbench.evaluation.methods import resolve_entries
+from specbench.evaluation.precision import parse_execution
 from specbench.evaluation.quality import check_quality
 from specbench.models.backends import AUTO, BACKENDS, RUN_KEYS, check_backend
 from specbench.models.loading import DTYPES, check_model_path
+from specbench.models.quantize import FORMATS, check_weights
 from specbench.sampling import SamplingParams
 
 # eval.max_new_tokens when the model config does not state its context: no shipped model's context is longer
@@ -78,6 +80,9 @@ class EvalSchema:
     profile_contexts: list[int] = setting(low=1)
     profile_repeats: int = setting(low=1)
     profile_backends: list[str] = setting(choices=list(BACKENDS))
+    profile_weights: list[str] = setting(choices=list(FORMATS))
+    profile_agreement: int = setting(low=0)
+    plain_executions: list[str] = setting()  # each backend/dtype[/weights]: precision.parse_execution
     quality: Optional[str] = setting()  # its choices and dataset: check_quality below
 
 
@@ -301,6 +306,10 @@ def _check_inputs(cfg: DictConfig) -> None:
     model = cfg.get("model")
     if model is not None and model.get("backend") is not None:
         check_backend(model.backend)
+    if model is not None and model.get("weights") is not None:
+        check_weights(model.weights, model.get("group_size", 32))
+    for text in OmegaConf.select(cfg, "eval.plain_executions") or []:
+        parse_execution(text, model.get("group_size", 32) if model is not None else 32)
     if model is not None and model.get("path") is not None:
         check_model_path(model.path)
     dataset = cfg.get("dataset")

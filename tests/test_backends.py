@@ -26,9 +26,16 @@ def fast(tiny):
 
 
 def test_prepacked_swaps_every_linear_on_a_copy_and_keeps_the_weights_shared(tiny, fast):
+    """q/k/v and gate/up are one packed GEMM each (models/linears.py), every other linear packed alone."""
     packed = fast["prepacked"].model
     linears = [n for n, m in tiny.model.named_modules() if isinstance(m, torch.nn.Linear)]
-    assert linears and all(isinstance(packed.get_submodule(n), PackedLinear) for n in linears)
+    assert not any(isinstance(m, torch.nn.Linear) for m in packed.modules())
+    for name in linears:
+        layer = packed.get_submodule(name)
+        fused = name.endswith(("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"))
+        assert isinstance(layer.fused.linear if fused else layer, PackedLinear), name
+    attn = packed.model.layers[0].self_attn
+    assert attn.q_proj.fused is attn.k_proj.fused is attn.v_proj.fused  # one GEMM for the three
     assert all(isinstance(tiny.model.get_submodule(n), torch.nn.Linear) for n in linears)  # the original is intact
     assert packed.lm_head.weight is tiny.model.lm_head.weight  # tied and shared: nothing copied but the packing
     assert fast["prepacked"].backend == "prepacked" and tiny.backend == "eager"
@@ -147,7 +154,7 @@ def test_auto_runs_on_the_profiles_cheapest_verify_and_judges_it_against_the_fas
     profile_path("tiny_random", "cpu").parent.mkdir(parents=True)
     profile_path("tiny_random", "cpu").write_text(profile.to_json())
     overrides = ["model=tiny_random", "model.backend=auto", "eval.dtype=auto", "eval.fastest_ar=true",
-                 "eval.profile_backends=[eager,prepacked]", "eval.num_prompts=1", "eval.max_new_tokens=12",
+                 "eval.profile_backends=[eager,prepacked]", "eval.profile_weights=[fp]", "eval.num_prompts=1", "eval.max_new_tokens=12",
                  "eval.warmup=0", "eval.memory_probe=false", "eval.first_turn_only=true", "tree.budget=8"]
     summary = eval_task.run(compose_cfg(overrides, tmp_path / "run")).set_index("method")
     assert list(summary.index) == ["autoregressive", "autoregressive@eager/bfloat16", "pld"]

@@ -187,11 +187,12 @@ def hand_made_profile(fast_small: str, fast_large: str):
 def test_auto_dtype_picks_the_cheapest_verify_and_names_the_fastest_plain_decoding():
     profile = hand_made_profile(fast_small="bfloat16", fast_large="float32")
     wide = plan("auto", "eager", profile, tree_size=16, context=256)
-    assert wide.dtype == "float32" and wide.fastest_ar == ("eager", "bfloat16")  # 65 vs 255 ms at n=16; 30 vs 51 at n=1
+    assert wide.dtype == "float32" and wide.fastest_ar == ("eager", "bfloat16", "fp")  # 65 vs 255 ms at n=16; 30 vs 51 at n=1
     assert "float32" in wide.reason and "bfloat16" in wide.reason and wide.fastest_ar_label == "bfloat16"
     assert plan("auto", "auto", profile, tree_size=1, context=256).dtype == "bfloat16"
     assert plan("float32", "eager", profile, 16, 256) == ExecutionPlan(
-        "eager", "float32", "eager/float32: set by model.backend and eval.dtype", ("eager", "bfloat16"))
+        "eager", "float32", "eager/float32: set by model.backend, eval.dtype and model.weights",
+        ("eager", "bfloat16", "fp"))
     with pytest.raises(SpecbenchError, match="eval.dtype='fp8' is unknown; valid choices: auto"):
         plan("fp8", "eager", profile, 16, 256)
     with pytest.raises(SpecbenchError, match="model.backend='tvm' is unknown; valid choices: auto, eager, prepacked"):
@@ -204,7 +205,7 @@ def test_a_run_also_decodes_plain_ar_in_the_dtype_fastest_for_it_and_reports_spe
     path.parent.mkdir(parents=True)
     path.write_text(hand_made_profile(fast_small="bfloat16", fast_large="float32").to_json())
     overrides = [*FAST, "eval.dtype=auto", "eval.fastest_ar=true", "eval.num_prompts=2", "eval.first_turn_only=true",
-                 "eval.profile_backends=[eager]"]
+                 "eval.profile_backends=[eager]", "eval.profile_weights=[fp]"]
     summary = eval_task.run(compose_cfg(overrides, tmp_path / "run")).set_index("method")
     assert list(summary.index) == ["autoregressive", "autoregressive@bfloat16", "pld"]
     assert summary.loc["autoregressive", "dtype"] == "float32" and summary.loc["autoregressive@bfloat16", "dtype"] == "bfloat16"
@@ -223,7 +224,8 @@ def test_hardware_aware_tree_is_sized_from_the_machine_profile(tmp_path, monkeyp
     profile_path("tiny_random", "cpu").write_text(profile.to_json())
     acc = [[0.6, 0.2], [0.5, 0.2]]
     overrides = [*FAST, "method=draft_model", "method.checkpoint=null", "method.draft.early_exit_layers=1", "tree=hardware_aware",
-                 f"tree.accept_prob={acc}", "tree.budget=16", "eval.num_prompts=1", "eval.first_turn_only=true"]
+                 f"tree.accept_prob={acc}", "tree.budget=16", "eval.num_prompts=1", "eval.first_turn_only=true",
+                 "eval.profile_weights=[fp]"]
     eval_task.run(compose_cfg(overrides, tmp_path / "run"))
     expected, _ = best_budget(acc, lambda n: profile.latency_ms("float32", n, 128 + 24 / 2, "eager"), 16)
     records = [json.loads(line) for line in (tmp_path / "run" / "records.jsonl").read_text().splitlines()]

@@ -297,15 +297,15 @@ def test_latency_is_interpolated_in_n_and_context():
     assert p.latency_ms("float32", 64, 2048) == pytest.approx(50 + 128 + 20.48)  # extrapolated linearly
     curve = p.curve("bfloat16", 128)
     assert list(curve["tokens"]) == [1, 8, 32] and list(curve["ms"]) == pytest.approx([31.28, 101.28, 341.28])
-    with pytest.raises(SpecbenchError, match="no backend/dtype 'eager/float16'; it has: eager/float32, eager/bfloat16"):
+    with pytest.raises(SpecbenchError, match="no execution 'eager/float16'; it has: eager/float32, eager/bfloat16"):
         p.latency_ms("float16", 1, 128)
 
 
 def test_choose_execution_minimises_the_verify_forward_and_names_the_fastest_plain_decoding():
     p = toy_profile()
-    backend, dtype, reason = choose_execution(p, 1, 128)
-    assert (backend, dtype) == ("eager", "bfloat16")  # L(1): 31.3 vs 53.3
-    backend, dtype, reason = choose_execution(p, 8, 128)
+    backend, dtype, weights, reason = choose_execution(p, 1, 128)
+    assert (backend, dtype, weights) == ("eager", "bfloat16", "fp")  # L(1): 31.3 vs 53.3
+    backend, dtype, weights, reason = choose_execution(p, 8, 128)
     assert dtype == "float32"  # L(8): 67.3 vs 101.3
     assert "L(8)" in reason and "67.3 ms" in reason and "fastest plain decoding is eager/bfloat16 at L(1) = 31.3 ms" in reason
 
@@ -315,7 +315,7 @@ def test_choose_execution_weighs_backends_against_dtypes_and_keeps_to_the_allowe
     p = toy_profile()
     compiled = p.latency[p.latency["dtype"] == "float32"].assign(backend="compile", ms=lambda f: 35 + 0.5 * f["tokens"])
     p = MachineProfile({}, "cpu", "toy", FAKE_PEAKS, pd.concat([p.latency, compiled], ignore_index=True))
-    assert ("compile", "float32") in p.executions
+    assert ("compile", "float32", "fp") in p.executions
     assert choose_execution(p, 8, 128)[:2] == ("compile", "float32")  # 39 vs eager fp32 67.3, bf16 101.3
     assert choose_execution(p, 1, 128)[:2] == ("eager", "bfloat16")  # 31.3 vs compiled 35.5
     assert choose_execution(p, 8, 128, backends=["eager"])[:2] == ("eager", "float32")
@@ -338,8 +338,8 @@ def test_profile_is_measured_once_and_then_loaded(tiny, cache, monkeypatch):
     profile = load_or_measure_profile(tiny, dtypes=["float32", "bfloat16"], sizes=[1, 4], contexts=[8, 16],
                                       repeats=1, backends=["eager", "prepacked"])
     packs_bf16 = supported("prepacked", torch.bfloat16, torch.device("cpu")) is None  # AVX-512 or AVX-NE-CONVERT
-    measured = {("eager", "float32"), ("eager", "bfloat16"), ("prepacked", "float32")} | (
-        {("prepacked", "bfloat16")} if packs_bf16 else set())
+    measured = {("eager", "float32", "fp"), ("eager", "bfloat16", "fp"), ("prepacked", "float32", "fp")} | (
+        {("prepacked", "bfloat16", "fp")} if packs_bf16 else set())
     assert set(profile.executions) == measured and len(profile.latency) == 4 * len(measured)
     assert packs_bf16 or "oneDNN cannot pack" in profile.machine["unsupported"]["prepacked/bfloat16"]
     assert (profile.latency["ms"] > 0).all() and profile.peaks == FAKE_PEAKS

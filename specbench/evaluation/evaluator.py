@@ -176,6 +176,7 @@ class Evaluator:
         if run.target is not None:
             record["dtype"] = str(run.target.model.dtype).removeprefix("torch.")
             record["backend"] = run.target.backend
+            record["weights"] = run.target.weights
             record["model"] = run.target.name  # a tuned backbone names itself: <model>+medusa2:<checkpoint>
         if run.reference is not None:
             record["reference"] = run.reference

@@ -68,7 +68,7 @@ def latency_at(profile: pd.DataFrame | None, n: float) -> float | None:
     return float(np.interp(n, profile["tokens"], profile["ms"]))
 
 
-PROVENANCE = ["model", "dtype", "backend", "hw", "dataset", "cpu_model", "cpu_capability", "threads", "gpu_name", "torch_version",
+PROVENANCE = ["model", "dtype", "backend", "weights", "hw", "dataset", "cpu_model", "cpu_capability", "threads", "gpu_name", "torch_version",
               "transformers_version", "git_commit", "settings_hash"]
 
 

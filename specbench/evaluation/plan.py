@@ -20,18 +20,20 @@ from hydra.core.hydra_config import HydraConfig
 from specbench.acceptance.exact import ExactAcceptance
 from specbench.config import build
 from specbench.drafters.autoregressive import AutoregressiveDrafter
+from specbench.errors import SpecbenchError
 from specbench.evaluation.evaluator import EvalSettings, MethodRun
 from specbench.evaluation.hf_generate import HF_GENERATE, check_greedy
 from specbench.evaluation.methods import MethodEntry, build_drafter, check_tree, resolve_entries
 from specbench.evaluation.metrics import BASELINE, EAGER_REFERENCE
-from specbench.evaluation.precision import AUTO, ExecutionPlan, check_dtype, plan
+from specbench.evaluation.precision import AUTO, ExecutionPlan, check_dtype, parse_execution, plan
 from specbench.evaluation.provenance import check_and_save_settings, shared_settings
 from specbench.evaluation.provenance import settings_hash as hash_of
-from specbench.hardware.measured.machine_profile import MachineProfile, load_or_measure_profile
+from specbench.hardware.measured.machine_profile import MachineProfile, execution_label, load_or_measure_profile
 from specbench.hardware.modelled.roofline import roofline_step_time
 from specbench.hardware.modelled.spec import MEASURED, HardwareSpec
 from specbench.models.backends import check_backend, check_profile_backends, with_backend
 from specbench.models.loading import LoadedModel, with_dtype
+from specbench.models.quantize import FORMATS, check_weights, format_name, with_weights
 from specbench.models.shape import ModelShape
 from specbench.sampling import SamplingParams
 from specbench.trees.hardware_aware import HardwareAwarePolicy
@@ -76,6 +78,9 @@ def request(cfg, overrides: list[str] | None = None) -> Request:
     check_dtype(cfg.eval.dtype)
     check_backend(cfg.model.backend)
     profile_backends = check_profile_backends(cfg.eval.profile_backends)
+    run_weights(cfg)  # model.weights, model.group_size and eval.profile_weights
+    for text in cfg.eval.get("plain_executions") or []:
+        parse_execution(text, cfg.model.get("group_size", 32))
     sampling = SamplingParams(**cfg.sampling)
     if cfg.eval.hf_generate:
         check_greedy(sampling)
@@ -93,33 +98,45 @@ def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Pat
     backend = cfg.model.backend
     wants_profile = AUTO in (cfg.eval.dtype, backend) or cfg.eval.fastest_ar or req.sized
     backends = req.profile_backends if backend == AUTO or cfg.eval.fastest_ar else [backend]
-    machine = load_or_measure_profile(loaded, backends=backends) if wants_profile else None
+    weights, formats = run_weights(cfg)
+    machine = load_or_measure_profile(loaded, backends=backends, weights=formats) if wants_profile else None
     context = cfg.eval.profile_context + cfg.eval.max_new_tokens / 2
-    execution = plan(cfg.eval.dtype, backend, machine, float(np.mean([t.budget for t in req.trees])), context)
-    log.info("backend/dtype %s", execution.reason)
-    cast = with_dtype(loaded, execution.dtype)  # drafters are built on it (build_drafter says why)
+    execution = plan(cfg.eval.dtype, backend, machine, float(np.mean([t.budget for t in req.trees])), context,
+                     weights, formats)
+    log.info("backend/dtype/weights %s", execution.reason)
+    # drafters are built on the eager model in the run's dtype and weights (build_drafter says why)
+    cast = with_dtype(with_weights(loaded, execution.weights), execution.dtype)
     target = with_backend(cast, execution.backend)
 
-    fast_b, fast_d = execution.fastest_ar
+    fast_b, fast_d, fast_w = execution.fastest_ar
     per_method = {e.label: e.settings() for e in req.entries} | {BASELINE: BASELINE_SETTINGS}
     fastest = [] if not (cfg.eval.baseline and cfg.eval.fastest_ar) \
-        or execution.fastest_ar == (execution.backend, execution.dtype) else [f"{BASELINE}@{execution.fastest_ar_label}"]
-    per_method |= {label: {**BASELINE_SETTINGS, "dtype": fast_d, "backend": fast_b} for label in fastest}
+        or execution.fastest_ar == (execution.backend, execution.dtype, execution.weights) \
+        else [f"{BASELINE}@{execution.fastest_ar_label}"]
+    per_method |= {label: {**BASELINE_SETTINGS, "dtype": fast_d, "backend": fast_b, "weights": fast_w}
+                   for label in fastest}
+    also = plain_executions(cfg, execution)  # label -> (backend, dtype, weights): eval.plain_executions
+    per_method |= {label: {**BASELINE_SETTINGS, "dtype": d, "backend": b, "weights": w}
+                   for label, (b, d, w) in also.items()}
     eager_ref = cfg.eval.eager_reference and execution.backend != "eager" and EAGER_REFERENCE not in fastest
     if eager_ref:  # the run's dtype on transformers' own forward: every method's tokens are also checked against it
         per_method[EAGER_REFERENCE] = {**BASELINE_SETTINGS, "dtype": execution.dtype, "backend": "eager"}
     if cfg.eval.hf_generate:
-        per_method[HF_GENERATE] = {"method": {"name": HF_GENERATE}, "dtype": fast_d, "backend": "eager"}
-    shared = shared_settings(cfg, execution.dtype, execution.backend)
+        per_method[HF_GENERATE] = {"method": {"name": HF_GENERATE}, "dtype": fast_d, "backend": "eager",
+                                   "weights": fast_w}
+    shared = shared_settings(cfg, execution.dtype, execution.backend, execution.weights)
     check_and_save_settings(out, shared, per_method)
     hashes = {label: hash_of(shared, m) for label, m in per_method.items()}
 
     latency = latency_curve(hw, machine, target, execution, context) if req.sized else None
     runs = [MethodRun(e.label, _drafter(e, tree, cast, execution.backend, latency), build(e.cfg.accept),
                       hashes[e.label], e.name) for e, tree in zip(req.entries, req.trees)]
-    fast_cast = cast if fast_d == execution.dtype else with_dtype(loaded, fast_d)
+    fast_cast = cast if (fast_d, fast_w) == (execution.dtype, execution.weights) \
+        else with_dtype(with_weights(loaded, fast_w), fast_d)
     plain = [MethodRun(label, AutoregressiveDrafter(), ExactAcceptance(), hashes[label], BASELINE,
                        with_backend(fast_cast, fast_b)) for label in fastest]
+    plain += [MethodRun(label, AutoregressiveDrafter(), ExactAcceptance(), hashes[label], BASELINE,
+                        with_backend(with_dtype(with_weights(loaded, w), d), b)) for label, (b, d, w) in also.items()]
     if eager_ref:
         plain.append(MethodRun(EAGER_REFERENCE, AutoregressiveDrafter(), ExactAcceptance(), hashes[EAGER_REFERENCE],
                                BASELINE, cast))
@@ -144,6 +161,30 @@ def latency_curve(hw: HardwareSpec, machine: MachineProfile | None, target: Load
     """L(n) in ms for a hardware-aware draft: measured here (hw=cpu/cuda read the machine profile) or, for a board
     spec one projects to, its roofline at the board's own bytes per parameter."""
     if hw.peak_tflops == MEASURED:
-        return lambda n: machine.latency_ms(execution.dtype, n, context, execution.backend)
+        return lambda n: machine.latency_ms(execution.dtype, n, context, execution.backend, execution.weights)
     shape = ModelShape.of(target.model)
     return lambda n: 1e3 * roofline_step_time(shape, hw, n, context)
+
+
+def plain_executions(cfg, execution: ExecutionPlan) -> dict[str, tuple[str, str, str]]:
+    """eval.plain_executions as {autoregressive@backend/dtype[/weights]: execution}: plain decodings the run adds
+    beside its own and the fastest one (those two are left out here), e.g. to set every execution's tokens/s against
+    transformers' generate in one run."""
+    group = cfg.model.get("group_size", 32)
+    skip = {(execution.backend, execution.dtype, execution.weights), execution.fastest_ar}
+    found = [parse_execution(text, group) for text in cfg.eval.get("plain_executions") or []]
+    return {f"{BASELINE}@{execution_label(*e)}": e for e in dict.fromkeys(found) if e not in skip}
+
+
+def run_weights(cfg) -> tuple[str, list[str]]:
+    """(the run's weights: auto or a format name, the formats the machine profile measures and the fastest plain
+    decoding is chosen among): eval.profile_weights, with model.weights itself when it names one."""
+    group, weights = cfg.model.get("group_size", 32), cfg.model.get("weights", "fp")
+    check_weights(weights, group)
+    if not set(cfg.eval.profile_weights) <= set(FORMATS):
+        raise SpecbenchError(f"eval.profile_weights={list(cfg.eval.profile_weights)} is invalid: give one or more of "
+                             f"{', '.join(FORMATS)}")
+    formats = list(dict.fromkeys(format_name(w, group) for w in cfg.eval.profile_weights))
+    if weights == AUTO:
+        return AUTO, formats
+    return format_name(weights, group), list(dict.fromkeys([*formats, format_name(weights, group)]))

@@ -1,4 +1,4 @@
-"""Which backend and dtype a run decodes in, and which plain decoding is fastest on this machine.
+"""Which backend, dtype and weights a run decodes in, and which plain decoding is fastest on this machine.
 
 The answer depends on the machine: on a CPU without native bf16, a bf16 forward of n tokens grows steeply with n
 while fp32 stays flat; with AVX-512 bf16 it is the other way round; and a compiled or prepacked forward moves both.
@@ -13,9 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specbench.errors import SpecbenchError
-from specbench.hardware.measured.machine_profile import MachineProfile, choose_execution, fastest_plain
-from specbench.models.backends import AUTO, check_backend
+from specbench.hardware.measured.machine_profile import (
+    MachineProfile,
+    choose_execution,
+    execution_label,
+    fastest_plain,
+)
+from specbench.models.backends import AUTO, BACKENDS, check_backend
 from specbench.models.loading import DTYPES
+from specbench.models.quantize import FORMATS, GROUP_SIZES, format_name, split_format
 
 
 @dataclass(frozen=True)
@@ -23,13 +29,28 @@ class ExecutionPlan:
     backend: str  # the run's backend
     dtype: str  # the run's dtype
     reason: str  # why, in one line
-    fastest_ar: tuple[str, str]  # (backend, dtype) of the fastest plain decoding here
+    fastest_ar: tuple[str, str, str]  # (backend, dtype, weights) of the fastest plain decoding here
+    weights: str = "fp"  # the run's weights: fp, int8 or int4_g<group> (models/quantize.py)
 
     @property
     def fastest_ar_label(self) -> str:
         """How the fastest plain decoding is labelled beside the run's own: autoregressive@<what differs>."""
-        backend, dtype = self.fastest_ar
-        return "/".join(x for x, own in ((backend, self.backend), (dtype, self.dtype)) if x != own)
+        return "/".join(x for x, own in zip(self.fastest_ar, (self.backend, self.dtype, self.weights)) if x != own)
+
+
+def parse_execution(text: str, group_size: int = 32) -> tuple[str, str, str]:
+    """(backend, dtype, weights) of an eval.plain_executions entry: backend/dtype or backend/dtype/weights
+    (weights fp, int8, int4 with model.group_size, or int4_g<group>), as machine profiles label executions."""
+    parts = str(text).split("/")
+    ok = len(parts) in (2, 3) and parts[0] in BACKENDS and parts[1] in DTYPES
+    if ok and len(parts) == 3:
+        weights, group = split_format(parts[2], group_size)
+        ok = weights in FORMATS and group in GROUP_SIZES
+    if not ok:
+        raise SpecbenchError(f"eval.plain_executions entry '{text}' is invalid: give backend/dtype[/weights] with a "
+                             f"backend of {', '.join(BACKENDS)}, a dtype of {', '.join(DTYPES)} and weights of "
+                             f"{', '.join(FORMATS)} (int4_g<group> for another group size), e.g. eager/bfloat16/int8")
+    return parts[0], parts[1], format_name(*split_format(parts[2], group_size)) if len(parts) == 3 else "fp"
 
 
 def check_dtype(name: str) -> None:
@@ -37,20 +58,22 @@ def check_dtype(name: str) -> None:
         raise SpecbenchError(f"eval.dtype='{name}' is unknown; valid choices: {AUTO}, {', '.join(DTYPES)}")
 
 
-def plan(dtype: str, backend: str, profile: MachineProfile | None, tree_size: float, context: float) -> ExecutionPlan:
-    """dtype, backend: auto or a name each; profile: None when nothing asks for it (both set, no fastest-AR
-    baseline, no hardware-aware tree)."""
+def plan(dtype: str, backend: str, profile: MachineProfile | None, tree_size: float, context: float,
+         weights: str = "fp", profile_weights=None) -> ExecutionPlan:
+    """dtype, backend, weights: auto or a name each (weights a format name: fp, int8, int4_g32); profile: None when
+    nothing asks for it (all set, no fastest-AR baseline, no hardware-aware tree). profile_weights: the formats the
+    fastest plain decoding and weights=auto choose among (None: every one the profile measured)."""
     check_dtype(dtype)
     check_backend(backend)
+    given = f"{execution_label(backend, dtype, weights)}: set by model.backend, eval.dtype and model.weights"
     if profile is None:
-        if AUTO in (dtype, backend):
-            raise SpecbenchError("eval.dtype=auto and model.backend=auto need the machine profile")
-        return ExecutionPlan(backend, dtype, f"{backend}/{dtype}: set by model.backend and eval.dtype",
-                             (backend, dtype))
-    fastest = fastest_plain(profile, context)
-    if AUTO not in (dtype, backend):
-        return ExecutionPlan(backend, dtype, f"{backend}/{dtype}: set by model.backend and eval.dtype", fastest)
-    chosen_b, chosen_d, reason = choose_execution(profile, tree_size, context,
-                                                  None if backend == AUTO else [backend],
-                                                  None if dtype == AUTO else [dtype])
-    return ExecutionPlan(chosen_b, chosen_d, reason, fastest)
+        if AUTO in (dtype, backend, weights):
+            raise SpecbenchError("eval.dtype=auto, model.backend=auto and model.weights=auto need the machine profile")
+        return ExecutionPlan(backend, dtype, given, (backend, dtype, weights), weights)
+    fastest = fastest_plain(profile, context, weights=profile_weights)
+    if AUTO not in (dtype, backend, weights):
+        return ExecutionPlan(backend, dtype, given, fastest, weights)
+    chosen_b, chosen_d, chosen_w, reason = choose_execution(
+        profile, tree_size, context, None if backend == AUTO else [backend], None if dtype == AUTO else [dtype],
+        profile_weights if weights == AUTO else [weights], fastest)
+    return ExecutionPlan(chosen_b, chosen_d, reason, fastest, chosen_w)

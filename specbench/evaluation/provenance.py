@@ -26,16 +26,17 @@ from specbench.reporting.store import RECORDS_FILE, RecordStore, run_folder_lock
 SETTINGS_FILE = "settings.json"
 # eval keys that decide how many prompts run or what is measured on the side, not what a prompt's result is
 NOT_RESULT_KEYS = {"num_prompts", "warmup", "latency_profile", "profile_sizes", "profile_context", "profile_repeats",
-                   "memory_probe", "fastest_ar", "profile_backends", "quality"}
+                   "memory_probe", "fastest_ar", "profile_backends", "profile_weights", "profile_agreement",
+                   "plain_executions", "quality"}
 
 
-def shared_settings(cfg: DictConfig, dtype: str, backend: str) -> dict:
-    """The run-wide settings that change a prompt's result: model and backend, dtype (both auto resolved) and
-    decoding settings, data, hw."""
+def shared_settings(cfg: DictConfig, dtype: str, backend: str, weights: str = "fp") -> dict:
+    """The run-wide settings that change a prompt's result: model, backend and weights, dtype (all auto resolved)
+    and decoding settings, data, hw."""
     eval_cfg = {k: v for k, v in OmegaConf.to_container(cfg.eval, resolve=True).items() if k not in NOT_RESULT_KEYS}
     eval_cfg["dtype"] = dtype
     dataset = {k: v for k, v in OmegaConf.to_container(cfg.dataset, resolve=True).items() if k != "num_prompts"}
-    model = OmegaConf.to_container(cfg.model, resolve=True) | {"backend": backend}
+    model = OmegaConf.to_container(cfg.model, resolve=True) | {"backend": backend, "weights": weights}
     return {"model": model, "eval": eval_cfg, "dataset": dataset,
             "sampling": OmegaConf.to_container(cfg.sampling, resolve=True), "seed": cfg.seed,
             "hw": OmegaConf.to_container(cfg.hw, resolve=True)}
@@ -174,8 +175,9 @@ def git_commit() -> str:
     return commit + ("-dirty" if dirty else "")
 
 
-def provenance(cfg: DictConfig, dtype: str, backend: str) -> dict:
-    """The columns every record and summary row carries (dtype and backend: the ones the run decodes on, auto
-    resolved)."""
-    return {"model": cfg.model.name, "dtype": dtype, "backend": backend, "hw": cfg.hw.name, "dataset": cfg.dataset.name,
+def provenance(cfg: DictConfig, dtype: str, backend: str, weights: str = "fp") -> dict:
+    """The columns every record and summary row carries (dtype, backend and weights: the ones the run decodes on,
+    auto resolved)."""
+    return {"model": cfg.model.name, "dtype": dtype, "backend": backend, "weights": weights, "hw": cfg.hw.name,
+            "dataset": cfg.dataset.name,
             **machine_info(), "git_commit": git_commit()}

@@ -27,7 +27,7 @@ from specbench.reporting.plots import save_plots
 
 log = logging.getLogger(__name__)
 # the printed table: speedup is the headline (ratio of means against the fastest plain decoding, `fastest_ar`)
-TABLE = ["method", "backend", "dtype", "tau", "tokens_per_s", "speedup", "speedup_ci_low", "speedup_ci_high",
+TABLE = ["method", "backend", "dtype", "weights", "tau", "tokens_per_s", "speedup", "speedup_ci_low", "speedup_ci_high",
          "speedup_mean_of_ratios", "speedup_vs_baseline", "ideal_speedup", "projected_speedup", "lossless_match",
          "eager_match", "method_mem_mb", "num_prompts"]
 
@@ -46,7 +46,7 @@ def summarise(cfg, plan: Plan, hw: HardwareSpec, records: pd.DataFrame, drafters
     plots = save_plots(decoded(records), summary, out / "plots", profile)
     log_run(build(cfg.logger) if cfg.get("logger") else None, cfg, summary, plots, out / "records.jsonl")
     with pd.option_context("display.width", 250, "display.max_columns", 20, "display.precision", 3):
-        print(summary[TABLE].to_string(index=False))
+        print(summary[[c for c in TABLE if c in summary]].to_string(index=False))  # records before a column lack it
     print(f"speedup: ratio of means against the fastest plain decoding here ({summary['fastest_ar'].iloc[0]}), "
           "95% paired bootstrap CI")
     _note_cut(decoded(records), cfg.eval.max_new_tokens, target.max_context)
@@ -87,8 +87,8 @@ def _latency_profile(cfg, plan: Plan, hw: HardwareSpec, out: Path) -> pd.DataFra
     if path.exists():
         return pd.read_csv(path)
     execution, machine, target = plan.execution, plan.machine, plan.target
-    if machine is not None and (execution.backend, execution.dtype) in machine.executions:
-        profile = machine.curve(execution.dtype, plan.context, execution.backend)
+    if machine is not None and (execution.backend, execution.dtype, execution.weights) in machine.executions:
+        profile = machine.curve(execution.dtype, plan.context, execution.backend, execution.weights)
     else:
         profile = latency_profile(target.model, sizes=tuple(cfg.eval.profile_sizes),
                                   context=int(cfg.eval.profile_context), repeats=cfg.eval.profile_repeats)

@@ -21,13 +21,14 @@ import torch
 from torch import nn
 
 from specbench.errors import SpecbenchError
-from specbench.models.loading import LoadedModel, shallow_view
+from specbench.models.linears import fuse_projections, replace_linears
+from specbench.models.loading import LoadedModel
 
 BACKENDS = ("eager", "prepacked", "compile")
 AUTO = "auto"
 # keys of a `model` config that say how the loaded model runs: the task applies them after loading (and after the
 # machine profile has chosen), so they are no arguments of the loaders
-RUN_KEYS = ("backend",)
+RUN_KEYS = ("backend", "weights", "group_size")
 
 
 def check_backend(name: str) -> None:
@@ -83,7 +84,7 @@ class Compiled:
     graphs: int = 0
 
 
-def with_backend(target: LoadedModel, backend: str) -> LoadedModel:
+def with_backend(target: LoadedModel, backend: str, fuse: bool = True) -> LoadedModel:
     """`target` run by `backend`, on a shallow copy of its module tree for prepacked (the original keeps its plain
     linears; the weights are shared) and a wrapped forward for compile. eager returns target itself."""
     check_backend(backend)
@@ -101,25 +102,17 @@ def with_backend(target: LoadedModel, backend: str) -> LoadedModel:
         raise SpecbenchError(f"model.backend={backend} cannot run {model.dtype} here: {reason}; use eager or "
                              f"another dtype")
     if backend == "prepacked":
-        model = _prepacked(model)
+        model = _prepacked(model, fuse)
     else:
         model = _compiled(model)
     return dataclasses.replace(target, model=model, backend=backend)
 
 
-def _prepacked(model: nn.Module) -> nn.Module:
-    """Views down every path to a linear (the leaves and other modules stay shared), each linear replaced."""
-    clone = shallow_view(model)
-    stack = [clone]
-    while stack:
-        parent = stack.pop()
-        for name, child in list(parent._modules.items()):
-            if isinstance(child, nn.Linear):
-                parent._modules[name] = PackedLinear(child)
-            elif child is not None and any(isinstance(m, nn.Linear) for m in child.modules()):
-                parent._modules[name] = shallow_view(child)
-                stack.append(parent._modules[name])
-    return clone
+def _prepacked(model: nn.Module, fuse: bool = True) -> nn.Module:
+    """Projections that share an input fused (one packed GEMM each, models/linears.py; fuse=False keeps them apart,
+    which task=profile times against), then every linear packed, on views down every path to a linear (the leaves
+    and other modules stay shared)."""
+    return replace_linears(fuse_projections(model) if fuse else model, PackedLinear)
 
 
 def _compiled(model: nn.Module) -> nn.Module:

@@ -15,14 +15,22 @@ BYTES_PER = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.0, "int4
 
 
 def bytes_per(dtype: str) -> float:
-    """Bytes per parameter of a dtype name (int4: half a byte)."""
+    """Bytes per parameter of a dtype name (int4: half a byte). int4_g<N>, the grouped int4 of models/quantize.py,
+    adds its 16-bit scale and zero per group of N; int8's one scale per output channel (2 / in_features bytes per
+    parameter, under 0.4% for SmolLM2's) is left out."""
     check_dtype(dtype, "dtype")
-    return BYTES_PER[dtype]
+    group = _int4_group(dtype)
+    return BYTES_PER["int4"] + 4 / group if group else BYTES_PER[dtype]
+
+
+def _int4_group(dtype: str) -> int | None:
+    head, _, group = dtype.partition("_g")
+    return int(group) if head == "int4" and group.isdigit() and int(group) > 0 else None
 
 
 def check_dtype(dtype: str, where: str) -> None:
-    if dtype not in BYTES_PER:
-        raise SpecbenchError(f"{where}: dtype '{dtype}' is unknown; valid: {', '.join(BYTES_PER)}")
+    if dtype not in BYTES_PER and _int4_group(dtype) is None:
+        raise SpecbenchError(f"{where}: dtype '{dtype}' is unknown; valid: {', '.join(BYTES_PER)}, int4_g<group size>")
 
 
 @dataclass(frozen=True)
@@ -43,20 +51,21 @@ class ModelShape:
     def weight_bytes(self) -> float:
         return self.params * bytes_per(self.dtype)
 
-    def with_dtype(self, dtype: str) -> "ModelShape":
+    def with_dtype(self, dtype: str) -> ModelShape:
         bytes_per(dtype)  # validates the name
         return dataclasses.replace(self, dtype=dtype)
 
     @classmethod
-    def of(cls, model, dtype: str | None = None) -> "ModelShape":
+    def of(cls, model, dtype: str | None = None) -> ModelShape:
         text = model.config.get_text_config()
         heads = text.num_attention_heads
         names = {"torch.float32": "float32", "torch.bfloat16": "bfloat16", "torch.float16": "float16"}
+        formats = {m.weight_format for m in model.modules() if hasattr(m, "weight_format")}  # models/quantize.py
         return cls(params=sum(p.numel() for p in model.parameters()), layers=text.num_hidden_layers,
                    hidden=text.hidden_size, heads=heads, kv_heads=getattr(text, "num_key_value_heads", heads),
                    head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
                    intermediate=text.intermediate_size, vocab=text.vocab_size,
-                   dtype=dtype or names[str(next(model.parameters()).dtype)])
+                   dtype=dtype or (formats.pop() if len(formats) == 1 else names[str(next(model.parameters()).dtype)]))
 
 
 # Named shapes, from each model's config.json on the Hugging Face hub (parameter counts include the embeddings).

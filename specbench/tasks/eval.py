@@ -30,7 +30,7 @@ def run(cfg, overrides: list[str] | None = None) -> pd.DataFrame:
         hw, loaded = setup_target(cfg)
         plan = plan_runs(cfg, req, hw, loaded, out)
         evaluator = Evaluator(plan.target, plan.runs, req.sampling, build(cfg.dataset), plan.settings, out,
-                              provenance(cfg, plan.execution.dtype, plan.execution.backend),
+                              provenance(cfg, plan.execution.dtype, plan.execution.backend, plan.execution.weights),
                               plan.settings_hash[BASELINE])
         records = evaluator.run()
         summary = summarise(cfg, plan, hw, records, {r.label: r.drafter for r in evaluator.runs}, evaluator.memory(),

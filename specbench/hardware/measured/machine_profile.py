@@ -1,5 +1,6 @@
-"""The measured profile of the machine at hand: peaks per dtype and L(n, context) of the target per execution
-backend and dtype (an "execution": models/backends.py).
+"""The measured profile of the machine at hand: peaks per dtype and L(n, context) of the target per execution:
+a backend (models/backends.py), the activations' dtype and the weights' format (fp, int8, int4_g<group>:
+models/quantize.py).
 
 Measured once per machine fingerprint (machine.py) and model, cached as JSON under the specbench cache, and read
 by hw=cpu / hw=cuda (their `measured` figures) and by the evaluator (the dtype choice, L(n) for tree budgets).
@@ -29,6 +30,8 @@ from specbench.hardware.modelled.roofline import roofline_step_time
 from specbench.hardware.modelled.spec import HardwareSpec
 from specbench.models.backends import BACKENDS, supported, with_backend
 from specbench.models.loading import LoadedModel, cache_root, torch_dtype, with_dtype
+from specbench.models.quantize import Int4Linear, Int8Linear, with_weights
+from specbench.models.quantize import supported as weights_supported
 from specbench.models.shape import ModelShape
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -77,6 +80,8 @@ def measure_peaks(device: torch.device | str, dtypes=None, matmul_size: int | No
         linear = torch.nn.functional.linear  # the op a model runs: without native bf16 it is 15x faster than a @ b
         tflops[name] = max(2 * size**3 / _best_seconds(lambda: linear(a, a), sync, budget_s),
                            2 * 64 * size**2 / _best_seconds(lambda: linear(rows, a), sync, budget_s)) / 1e12
+    if weights_supported("int8", device) is None:  # the weight-only kernels' own FLOP/s: they dequantise in registers
+        tflops |= _quantised_peaks(size, device, sync, budget_s)
     x = torch.ones(read_mb * 2**18, device=device)  # read_mb of float32
     bandwidth = x.numel() * 4 / _best_seconds(x.sum, sync, budget_s) / 1e9
     per_forward = {layers: _one_token_forward_s(tiny_random(num_layers=layers, device=str(device)).model, sync,
@@ -85,6 +90,18 @@ def measure_peaks(device: torch.device | str, dtypes=None, matmul_size: int | No
               else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
     return {"peak_tflops": tflops, "mem_bandwidth_gbs": bandwidth,
             "layer_overhead_ms": max(0.0, 1e3 * (per_forward[8] - per_forward[2]) / 6), "memory_gb": memory / 1e9}
+
+
+def _quantised_peaks(size: int, device: torch.device, sync, budget_s: float) -> dict:
+    """TFLOP/s of a 64-row product with int8 and int4 weights, in bfloat16 activations (the dtype their kernels
+    vectorise: float32 activations ran 5-25x slower on an AVX-512 Zen 4, which task=profile's table shows)."""
+    linear = torch.nn.Linear(size, size, bias=False, device=device)
+    rows = torch.randn(64, size, device=device, dtype=torch.bfloat16)
+    peaks = {}
+    for name, layer in (("int8", Int8Linear(linear)), ("int4", Int4Linear(linear, 32))):
+        layer = layer.to(torch.bfloat16)
+        peaks[name] = 2 * 64 * size**2 / _best_seconds(lambda: layer(rows), sync, budget_s) / 1e12  # noqa: B023
+    return peaks
 
 
 def _one_token_forward_s(model, sync, budget_s: float) -> float:
@@ -177,8 +194,8 @@ class MachineProfile:
     device: str
     model: str
     peaks: dict  # peak_tflops {dtype: TFLOP/s}, mem_bandwidth_gbs, layer_overhead_ms, memory_gb
-    latency: pd.DataFrame  # backend, dtype, context, tokens, ms
-    compile_seconds: dict = dataclasses.field(default_factory=dict)  # "backend/dtype": first-forwards' compile time
+    latency: pd.DataFrame  # backend, dtype, weights, context, tokens, ms
+    compile_seconds: dict = dataclasses.field(default_factory=dict)  # execution label: first-forwards' compile time
     _grids: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -186,6 +203,9 @@ class MachineProfile:
         size or context that is not a finite positive number, a backend/dtype without every (size, context) pair."""
         if "backend" not in self.latency:  # profiles cached before backends existed measured transformers' eager
             self.latency.insert(0, "backend", "eager")
+        if "weights" not in self.latency:  # ... and before quantised targets, the weights as loaded
+            self.latency.insert(self.latency.columns.get_loc("dtype") + 1 if "dtype" in self.latency else 1,
+                                "weights", "fp")
         missing = [c for c in ("dtype", "context", "tokens", "ms") if c not in self.latency]
         if self.latency.empty or missing:
             raise SpecbenchError("the machine profile " + (f"has no latency column {missing[0]!r}"
@@ -197,60 +217,67 @@ class MachineProfile:
             r = self.latency.iloc[row]
             name = numbers.columns[col]
             value = r[name].item() if isinstance(r[name], np.generic) else r[name]  # repr 'nan', not 'np.float64(nan)'
-            raise SpecbenchError(f"the machine profile holds {name}={value!r} ({r['backend']}/{r['dtype']}, "
+            raise SpecbenchError(f"the machine profile holds {name}={value!r} "
+                                 f"({execution_label(r['backend'], r['dtype'], r['weights'])}, "
                                  f"n={r['tokens']}, context {r['context']}): latencies, sizes and contexts must be "
                                  f"finite positive numbers")
         self.latency[["tokens", "context", "ms"]] = numbers
-        for (backend, dtype), rows in self.latency.groupby(["backend", "dtype"], sort=False):
+        for execution, rows in self.latency.groupby(["backend", "dtype", "weights"], sort=False):
             if len(set(zip(rows["tokens"], rows["context"]))) != rows["tokens"].nunique() * rows["context"].nunique():
-                raise SpecbenchError(f"the machine profile lacks some (n, context) pairs of {backend}/{dtype}: each "
-                                     f"backend/dtype needs every measured size at every measured context")
+                raise SpecbenchError(f"the machine profile lacks some (n, context) pairs of "
+                                     f"{execution_label(*execution)}: each execution needs every measured size at "
+                                     f"every measured context")
 
     @property
     def dtypes(self) -> list[str]:
         return list(dict.fromkeys(self.latency["dtype"]))
 
     @property
-    def executions(self) -> list[tuple[str, str]]:
-        """(backend, dtype) pairs measured, in measuring order."""
-        return list(dict.fromkeys(zip(self.latency["backend"], self.latency["dtype"])))
+    def executions(self) -> list[tuple[str, str, str]]:
+        """(backend, dtype, weights) measured, in measuring order."""
+        return list(dict.fromkeys(zip(self.latency["backend"], self.latency["dtype"], self.latency["weights"])))
 
-    def latency_ms(self, dtype: str, n: float, context: float, backend: str = "eager") -> float:
+    def latency_ms(self, dtype: str, n: float, context: float, backend: str = "eager", weights: str = "fp") -> float:
         """L(n, context) in ms: bilinear between measured points, the smallest measured value below the range, and
         linear above it with slopes >= 0. Measurement noise can make a bigger tree or a longer context read cheaper;
         the table is first made non-decreasing along both, so the result is positive and monotone in n and context
         (a tree of n + 1 never costs less than one of n), as choosing a dtype, a backend or a budget assumes."""
-        sizes, contexts, ms, n_slope, c_slope = self._grid(dtype, backend)
+        sizes, contexts, ms, n_slope, c_slope = self._grid(dtype, backend, weights)
         n_in, c_in = np.clip(n, sizes[0], sizes[-1]), np.clip(context, contexts[0], contexts[-1])
         at = [np.interp(n_in, sizes, ms[:, k]) for k in range(len(contexts))]
         return float(np.interp(c_in, contexts, at) + max(0.0, n - sizes[-1]) * np.interp(c_in, contexts, n_slope)
                      + max(0.0, context - contexts[-1]) * np.interp(n_in, sizes, c_slope))
 
-    def _grid(self, dtype: str, backend: str) -> tuple[np.ndarray, ...]:
+    def _grid(self, dtype: str, backend: str, weights: str) -> tuple[np.ndarray, ...]:
         """(sizes, contexts, ms[size, context] made non-decreasing along both axes, the slope in n beyond the largest
         size per context, the slope in context beyond the largest context per size): slopes >= 0 and non-decreasing
         along the other axis, so the extrapolation keeps the monotonicity the table has."""
-        if (backend, dtype) not in self._grids:
-            rows = self.latency[(self.latency["dtype"] == dtype) & (self.latency["backend"] == backend)]
+        if (backend, dtype, weights) not in self._grids:
+            rows = self.latency[(self.latency["dtype"] == dtype) & (self.latency["backend"] == backend)
+                                & (self.latency["weights"] == weights)]
             if rows.empty:
-                have = ", ".join(f"{b}/{d}" for b, d in self.executions)
-                raise SpecbenchError(f"the machine profile has no backend/dtype '{backend}/{dtype}'; it has: {have}")
+                have = ", ".join(execution_label(*e) for e in self.executions)
+                raise SpecbenchError(f"the machine profile has no execution '{execution_label(backend, dtype, weights)}'"
+                                     f"; it has: {have}")
             table = rows.pivot_table(index="tokens", columns="context", values="ms", aggfunc="min")
             ms = np.maximum.accumulate(np.maximum.accumulate(table.to_numpy(float), axis=0), axis=1)
             sizes, contexts = table.index.to_numpy(float), table.columns.to_numpy(float)
-            self._grids[backend, dtype] = (sizes, contexts, ms, _end_slope(sizes, ms), _end_slope(contexts, ms.T))
-        return self._grids[backend, dtype]
+            self._grids[backend, dtype, weights] = (sizes, contexts, ms, _end_slope(sizes, ms),
+                                                    _end_slope(contexts, ms.T))
+        return self._grids[backend, dtype, weights]
 
-    def curve(self, dtype: str, context: float, backend: str = "eager") -> pd.DataFrame:
+    def curve(self, dtype: str, context: float, backend: str = "eager", weights: str = "fp") -> pd.DataFrame:
         """L(n) at one context over the measured sizes, as the tokens/ms frame latency_profile returns."""
         sizes = sorted(set(self.latency["tokens"]))
-        return pd.DataFrame({"tokens": sizes, "ms": [self.latency_ms(dtype, n, context, backend) for n in sizes]})
+        return pd.DataFrame({"tokens": sizes,
+                             "ms": [self.latency_ms(dtype, n, context, backend, weights) for n in sizes]})
 
-    def covers(self, dtypes, sizes, contexts, backends=("eager",)) -> bool:
-        have = set(zip(self.latency["backend"], self.latency["dtype"], self.latency["context"], self.latency["tokens"]))
-        skipped = set(self.machine.get("unsupported", {}))  # backend/dtype pairs this machine cannot run
-        return all((b, d, c, n) in have or f"{b}/{d}" in skipped
-                   for b in backends for d in dtypes for c in contexts for n in sizes)
+    def covers(self, dtypes, sizes, contexts, backends=("eager",), weights=("fp",)) -> bool:
+        have = set(zip(self.latency["backend"], self.latency["dtype"], self.latency["weights"],
+                       self.latency["context"], self.latency["tokens"]))
+        skipped = set(self.machine.get("unsupported", {}))  # executions this machine cannot run
+        return all((b, d, w, c, n) in have or execution_label(b, d, w) in skipped
+                   for b in backends for d in dtypes for w in weights for c in contexts for n in sizes)
 
     def to_json(self) -> str:
         return json.dumps({"machine": self.machine, "device": self.device, "model": self.model, "peaks": self.peaks,
@@ -258,7 +285,7 @@ class MachineProfile:
                            "compile_seconds": self.compile_seconds}, indent=1)
 
     @classmethod
-    def from_json(cls, text: str) -> "MachineProfile":
+    def from_json(cls, text: str) -> MachineProfile:
         """The profile to_json wrote; json.JSONDecodeError or SpecbenchError (what is missing or impossible)."""
         data = json.loads(text)
         if not isinstance(data, dict):
@@ -287,45 +314,52 @@ def profile_path(model_name: str, device: torch.device | str) -> Path:
 
 
 def load_or_measure_profile(target: LoadedModel, dtypes=None, sizes=SIZES, contexts=CONTEXTS,
-                            repeats: int = 3, backends=("eager",)) -> MachineProfile:
+                            repeats: int = 3, backends=("eager",), weights=("fp",)) -> MachineProfile:
     """The cached profile of `target` on this machine, measured now (peaks too; cached) when it lacks a requested
     point. Each point is the fastest of `repeats` forwards, and the load average before and after is kept, so a
-    profile taken on a busy machine can be told apart. Each dtype is timed on a copy of the target cast to it: a
-    forward's cost depends on the dtype, not on the weights' values. A backend that cannot run a dtype here (oneDNN
-    packing bf16 without AVX-512) is recorded as unsupported, with the reason, rather than measured."""
+    profile taken on a busy machine can be told apart. Each execution is timed on a copy of the target quantised to
+    its weights' format (fp, int8, int4_g<group>) and cast to its dtype: a forward's cost depends on those, not on
+    the weights' values. An execution this machine cannot run (oneDNN packing bf16 without AVX-512, prepacked over
+    quantised layers) is recorded as unsupported, with the reason, rather than measured."""
     device = target.model.device
     dtypes, sizes, contexts = list(dtypes or default_dtypes(device)), list(sizes), list(contexts)
-    backends = list(backends or BACKENDS)
+    backends, weights = list(backends or BACKENDS), list(weights)
     path = profile_path(target.name, device)
     cached = _read_cached(path, MachineProfile.from_json) if path.exists() else None
-    if cached is not None and cached.covers(dtypes, sizes, contexts, backends):
+    if cached is not None and cached.covers(dtypes, sizes, contexts, backends, weights):
         return cached
-    print(f"measuring this machine's profile of {target.name} once ({', '.join(backends)} x {', '.join(dtypes)}; "
-          f"minutes), cached at {path}")
+    print(f"measuring this machine's profile of {target.name} once ({', '.join(backends)} x {', '.join(dtypes)} x "
+          f"{', '.join(weights)}; minutes), cached at {path}")
     load_before, frames, unsupported, compile_s = os.getloadavg()[0], [], {}, {}
     peaks = measure_peaks(device)
-    for name in dtypes:
-        cast = with_dtype(target, name)
-        for backend in backends:
-            reason = supported(backend, torch_dtype(name), device)
-            if reason:
-                unsupported[f"{backend}/{name}"] = reason
-                print(f"  {backend}/{name}: not measured: {reason}")
-                continue
-            run = with_backend(cast, backend)
-            frame = latency_profile(run.model, sizes, contexts, repeats, statistic="min")
-            frames.append(frame.assign(backend=backend, dtype=name))
-            stats = getattr(run.model, "compile_stats", None)
-            if stats is not None:
-                compile_s[f"{backend}/{name}"] = stats.seconds
-            print(f"  {backend}/{name}: L(1) {frame['ms'].iloc[0]:.1f} ms, L({sizes[-1]}) {frame['ms'].iloc[len(sizes) - 1]:.1f}"
-                  f" ms at context {contexts[0]}" + (f"; compiled in {stats.seconds:.0f} s" if stats else ""))
-            del run
-        del cast
+    for fmt in weights:
+        reason = weights_supported(fmt, device)
+        quantised = target if reason else with_weights(target, fmt)
+        for name in dtypes:
+            cast = None if reason else with_dtype(quantised, name)
+            for backend in backends:
+                label = execution_label(backend, name, fmt)
+                why = reason or supported(backend, torch_dtype(name), device) or weights_supported(fmt, device, backend)
+                if why:
+                    unsupported[label] = why
+                    print(f"  {label}: not measured: {why}")
+                    continue
+                run = with_backend(cast, backend)
+                frame = latency_profile(run.model, sizes, contexts, repeats, statistic="min")
+                frames.append(frame.assign(backend=backend, dtype=name, weights=fmt))
+                stats = getattr(run.model, "compile_stats", None)
+                if stats is not None:
+                    compile_s[label] = stats.seconds
+                print(f"  {label}: L(1) {frame['ms'].iloc[0]:.1f} ms, L({sizes[-1]}) "
+                      f"{frame['ms'].iloc[len(sizes) - 1]:.1f} ms at context {contexts[0]}"
+                      + (f"; compiled in {stats.seconds:.0f} s" if stats else ""))
+                del run
+            del cast
+        del quantised
     machine = {**machine_info(), "loadavg_1min": [load_before, os.getloadavg()[0]], "cpus": os.cpu_count(),
                "unsupported": unsupported}
-    profile = MachineProfile(machine, device.type, target.name, peaks,
-                             pd.concat(frames, ignore_index=True)[["backend", "dtype", "context", "tokens", "ms"]],
+    columns = ["backend", "dtype", "weights", "context", "tokens", "ms"]
+    profile = MachineProfile(machine, device.type, target.name, peaks, pd.concat(frames, ignore_index=True)[columns],
                              compile_s)
     if busy(machine):  # a profile taken beside other work would mislead every later run on this machine
         print(f"warning: the machine was busy while profiling (1-min load {max(machine['loadavg_1min']):.1f} on "
@@ -335,35 +369,45 @@ def load_or_measure_profile(target: LoadedModel, dtypes=None, sizes=SIZES, conte
     return profile
 
 
+def execution_label(backend: str, dtype: str, weights: str = "fp") -> str:
+    """backend/dtype, and /weights after them for a quantised target: how profiles and notices name an execution."""
+    return f"{backend}/{dtype}" + ("" if weights == "fp" else f"/{weights}")
+
+
 def busy(machine: dict) -> bool:
     """More runnable threads than cores besides this process's own (about one per core it uses)."""
     return max(machine.get("loadavg_1min", [0.0])) > machine.get("cpus", 1) + 1
 
 
-def choose_execution(profile: MachineProfile, tree_size: float, context: float, backends=None,
-                     dtypes=None) -> tuple[str, str, str]:
-    """(backend, dtype, reason): the measured pair with the cheapest verify forward L(tree_size) among the allowed
-    ones, and a one-line reason naming the fastest plain decoding L(1) on the machine: a method must beat that,
-    whatever its backend and dtype."""
-    allowed = [(b, d) for b, d in profile.executions
-               if (backends is None or b in backends) and (dtypes is None or d in dtypes)]
+def choose_execution(profile: MachineProfile, tree_size: float, context: float, backends=None, dtypes=None,
+                     weights=None, plain: tuple[str, str, str] | None = None) -> tuple[str, str, str, str]:
+    """(backend, dtype, weights, reason): the measured execution with the cheapest verify forward L(tree_size) among
+    the allowed ones, and a one-line reason naming the fastest plain decoding L(1) on the machine (`plain`, default
+    fastest_plain's): a method must beat that, whatever its backend, dtype and weights."""
+    allowed = [(b, d, w) for b, d, w in profile.executions
+               if (backends is None or b in backends) and (dtypes is None or d in dtypes)
+               and (weights is None or w in weights)]
     if not allowed:
-        have = ", ".join(f"{b}/{d}" for b, d in profile.executions)
-        raise SpecbenchError(f"the machine profile has no measurement for backend {backends} and dtype {dtypes}; "
-                             f"it has: {have}")
-    verify = {e: profile.latency_ms(e[1], tree_size, context, e[0]) for e in allowed}
+        have = ", ".join(execution_label(*e) for e in profile.executions)
+        raise SpecbenchError(f"the machine profile has no measurement for backend {backends}, dtype {dtypes} and "
+                             f"weights {weights}; it has: {have}")
+    verify = {e: profile.latency_ms(e[1], tree_size, context, e[0], e[2]) for e in allowed}
     best = min(verify, key=verify.get)
-    plain_b, plain_d = fastest_plain(profile, context)
-    others = ", ".join(f"{b}/{d} {ms:.1f} ms" for (b, d), ms in verify.items() if (b, d) != best)
-    reason = (f"{best[0]}/{best[1]}: L({tree_size:g}) at context {context:g} is {verify[best]:.1f} ms"
-              + (f" (vs {others})" if others else "") + f"; fastest plain decoding is {plain_b}/{plain_d} at L(1) = "
-              f"{profile.latency_ms(plain_d, 1, context, plain_b):.1f} ms")
-    return best[0], best[1], reason
+    plain = plain or fastest_plain(profile, context)
+    others = ", ".join(f"{execution_label(*e)} {ms:.1f} ms" for e, ms in verify.items() if e != best)
+    reason = (f"{execution_label(*best)}: L({tree_size:g}) at context {context:g} is {verify[best]:.1f} ms"
+              + (f" (vs {others})" if others else "") + f"; fastest plain decoding is {execution_label(*plain)} at "
+              f"L(1) = {profile.latency_ms(plain[1], 1, context, plain[0], plain[2]):.1f} ms")
+    return *best, reason
 
 
-def fastest_plain(profile: MachineProfile, context: float) -> tuple[str, str]:
-    """(backend, dtype) of the cheapest one-token forward: the plain decoding every speedup is judged against."""
-    return min(profile.executions, key=lambda e: profile.latency_ms(e[1], 1, context, e[0]))
+def fastest_plain(profile: MachineProfile, context: float, weights=None) -> tuple[str, str, str]:
+    """(backend, dtype, weights) of the cheapest one-token forward among the measured ones (with weights in
+    `weights`, None: any): the plain decoding every speedup is judged against, a quantised target's included: it
+    is the fastest plain decoding this machine offers."""
+    allowed = [e for e in profile.executions if weights is None or e[2] in weights] \
+        or profile.executions  # none of `weights` could run here (unsupported): any measured one
+    return min(allowed, key=lambda e: profile.latency_ms(e[1], 1, context, e[0], e[2]))
 
 
 def as_spec(profile: MachineProfile, base: HardwareSpec) -> HardwareSpec:
@@ -379,8 +423,9 @@ def roofline_error(profile: MachineProfile, shape: ModelShape, hw: HardwareSpec)
     """Measured L(n, context) beside the roofline's, per dtype, with the relative error; bound_ms is the same roofline
     without the per-layer fixed cost (the dispatch a tiny model measures): the hardware's own bound, which a faster
     backend can approach and the full roofline already concedes."""
-    frame = profile.latency.copy()  # the roofline depends on the dtype only: it is what every backend aims at
-    points = list(zip(frame["dtype"], frame["context"], frame["tokens"]))
+    frame = profile.latency.copy()  # the roofline depends on the dtype and weights only: what every backend aims at
+    frame["roofline_dtype"] = frame["weights"].where(frame["weights"] != "fp", frame["dtype"])  # int8: 1 B/param
+    points = list(zip(frame["roofline_dtype"], frame["context"], frame["tokens"]))
     frame["roofline_ms"] = [1e3 * roofline_step_time(shape, hw, n, c, dtype=d) for d, c, n in points]
     bare = dataclasses.replace(hw, layer_overhead_ms=0.0)
     frame["bound_ms"] = [1e3 * roofline_step_time(shape, bare, n, c, dtype=d) for d, c, n in points]

@@ -5,6 +5,7 @@ The ideal speedup tau * L(1) / L(n) and the hardware-aware tree budgets read thi
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Sequence
 
@@ -16,7 +17,9 @@ from transformers import DynamicCache
 from specbench.hardware.modelled.roofline import roofline_step_time
 from specbench.hardware.modelled.spec import HardwareSpec
 from specbench.models.backends import PackedLinear, supported
-from specbench.models.shape import ModelShape
+from specbench.models.quantize import quantised_linear
+from specbench.models.quantize import supported as weights_supported
+from specbench.models.shape import ModelShape, bytes_per
 from specbench.trees.token_tree import TokenTree
 from specbench.verification import verify_tree
 
@@ -62,26 +65,35 @@ def _at_context(model, sizes, context: int, repeats: int, statistic: str) -> pd.
 
 
 @torch.inference_mode()
-def weight_streaming(model, sizes=(1, 2, 4, 8, 16, 32), repeats: int = 3) -> pd.DataFrame:
+def weight_streaming(model, sizes=(1, 2, 4, 8, 16, 32), repeats: int = 3, weights=()) -> pd.DataFrame:
     """ms and GB/s of the model's own linear layers multiplied one after another, as a forward does (so weights come
-    from memory, not from cache), with eager's nn.Linear and with the prepacked backend's layers: how close the GEMM library
-    gets to the read bandwidth at each width, which the roofline assumes it reaches."""
+    from memory, not from cache), with eager's nn.Linear, the prepacked backend's layers and each quantised format in
+    `weights` (int8, int4_g32: bfloat16 activations, the ones their kernels vectorise): how close each kernel gets to
+    the read bandwidth at each width, which the roofline assumes it reaches. GB/s counts each layout's own bytes
+    (an int8 layer reads a quarter of a float32 one)."""
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
     weight = linears[0].weight
-    gb = sum(m.weight.numel() * m.weight.element_size() for m in linears) / 1e9
-    layouts = {"eager": linears}
+    layouts = {"eager": (linears, weight.dtype)}
     if supported("prepacked", weight.dtype, weight.device) is None:  # the prepacked backend's own layers
-        layouts["prepacked"] = [PackedLinear(m) for m in linears]
+        layouts["prepacked"] = ([PackedLinear(m) for m in linears], weight.dtype)
+    for fmt in weights:
+        if fmt != "fp" and weights_supported(fmt, weight.device) is None:
+            # cast a copy: a quantised layer keeps its source's float weight as .weight, which .to() would cast
+            # in place under the model's own linears
+            layouts[fmt] = ([quantised_linear(copy.deepcopy(m), fmt).to(torch.bfloat16) for m in linears],
+                            torch.bfloat16)
+    params = sum(m.weight.numel() for m in linears)
     rows = []
     for n in sizes:
-        inputs = {m.in_features: torch.randn(n, m.in_features, dtype=weight.dtype, device=weight.device)
-                  for m in linears}
-        for name, layers in layouts.items():
+        for name, (layers, dtype) in layouts.items():
+            inputs = {m.in_features: torch.randn(n, m.in_features, dtype=dtype, device=weight.device) for m in linears}
+
             def chain():
                 for layer in layers:
                     layer(inputs[layer.in_features])
             chain()
             best = min(_timed(chain) for _ in range(repeats))
+            gb = params * (weight.element_size() if name in ("eager", "prepacked") else bytes_per(name)) / 1e9
             rows.append({"layout": name, "tokens": n, "ms": 1e3 * best, "gb_per_s": gb / best})
     return pd.DataFrame(rows)
 

@@ -66,8 +66,10 @@ def drafter_costs(shape: ModelShape, drafter: DrafterCost, tokens: float, contex
 
 
 def compute_dtype(peaks: dict, dtype: str) -> str:
-    """The dtype whose peak prices the FLOPs: the weights' own, else float16 (weight-only quantisation)."""
-    return dtype if dtype in peaks else "float16"
+    """The dtype whose peak prices the FLOPs: the weights' own (a measured machine times its int8 and int4 kernels:
+    int4_g32 reads int4's), else float16, bfloat16 or float32, the first the spec has (weight-only quantisation
+    computes in the activations' dtype)."""
+    return next((d for d in (dtype, dtype.partition("_g")[0], "float16", "bfloat16", "float32") if d in peaks), dtype)
 
 
 def roofs(hw: HardwareSpec, dtype: str) -> tuple[float, float]:

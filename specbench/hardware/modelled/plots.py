@@ -25,27 +25,31 @@ def _save(fig, path: Path) -> Path:
 
 
 def profile_vs_roofline(frame: pd.DataFrame, title: str, path: Path) -> Path:
-    """Measured L(n) per backend (marker, solid) and dtype (colour) against the dtype's roofline (dashed) and its bound
-    without the per-layer fixed cost (dotted), one panel per context; frame from machine_profile.roofline_error."""
+    """Measured L(n) per execution against the roofline (dashed) of its weights' bytes and its bound without the
+    per-layer fixed cost (dotted), one panel per context; frame from machine_profile.roofline_error. Colour: what the
+    roofline prices (the dtype, or a quantised format's bytes); marker: the backend; a quantised format's lines are
+    solid in its fastest activations' dtype (bfloat16) and dash-dotted in the others."""
     contexts = sorted(frame["context"].unique())
-    fig, axes = plt.subplots(1, len(contexts), figsize=(5.2 * len(contexts), 5.2), sharey=True, squeeze=False)
-    dtypes = list(dict.fromkeys(frame["dtype"]))
-    backends = list(dict.fromkeys(frame["backend"])) if "backend" in frame else ["eager"]
-    markers = dict(zip(backends, "osD^v"))
+    fig, axes = plt.subplots(1, len(contexts), figsize=(5.6 * len(contexts), 5.6), sharey=True, squeeze=False)
+    frame = frame.assign(roofline_dtype=frame["roofline_dtype"] if "roofline_dtype" in frame else frame["dtype"],
+                         weights=frame["weights"] if "weights" in frame else "fp",
+                         backend=frame["backend"] if "backend" in frame else "eager")
+    roofs = list(dict.fromkeys(frame["roofline_dtype"]))
+    markers = dict(zip(dict.fromkeys(frame["backend"]), "osD^v"))
     for ax, context in zip(axes[0], contexts):
         at = frame[frame["context"] == context]
-        for i, dtype in enumerate(dtypes):
-            rows = at[at["dtype"] == dtype]
-            for backend in backends:
-                grp = rows[rows["backend"] == backend] if "backend" in rows else rows
-                if len(grp):
-                    ax.plot(grp["tokens"], grp["ms"], marker=markers[backend], color=f"C{i}",
-                            label=f"{backend} {dtype}")
+        for i, roof_dtype in enumerate(roofs):
+            rows = at[at["roofline_dtype"] == roof_dtype]
+            for (backend, dtype, weights), grp in rows.groupby(["backend", "dtype", "weights"], sort=False):
+                quantised = weights != "fp"
+                ax.plot(grp["tokens"], grp["ms"], marker=markers[backend], color=f"C{i}",
+                        linestyle="-." if quantised and dtype != "bfloat16" else "-",
+                        label=f"{backend} {weights} weights, {dtype} activations" if quantised else f"{backend} {dtype}")
             roof = rows.drop_duplicates("tokens").sort_values("tokens")
-            ax.plot(roof["tokens"], roof["roofline_ms"], linestyle="--", color=f"C{i}", label=f"roofline {dtype}")
+            ax.plot(roof["tokens"], roof["roofline_ms"], linestyle="--", color=f"C{i}", label=f"roofline {roof_dtype}")
             if "bound_ms" in roof:
                 ax.plot(roof["tokens"], roof["bound_ms"], linestyle=":", color=f"C{i}",
-                        label=f"bound {dtype} (no per-layer fixed cost)")
+                        label=f"bound {roof_dtype} (no per-layer fixed cost)")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("tokens n in one forward (tree size)")
@@ -53,7 +57,7 @@ def profile_vs_roofline(frame: pd.DataFrame, title: str, path: Path) -> Path:
         ax.grid(alpha=0.3, which="both")
     axes[0][0].set_ylabel("latency L(n) per forward (ms, log scale)")
     fig.suptitle(title, fontsize=9)
-    axes[0][0].legend(fontsize=7, ncol=len(dtypes), loc="upper left", bbox_to_anchor=(0.0, -0.13))
+    axes[0][0].legend(fontsize=7, ncol=min(len(roofs), 3), loc="upper left", bbox_to_anchor=(0.0, -0.13))
     return _save(fig, path)
 
 

@@ -1,0 +1,171 @@
+"""Weight-only quantised targets: fewer bytes per token for a forward that streams its weights.
+
+`model.weights=int8` stores every linear of the target (the LM head too) as int8 with one symmetric scale per output
+channel, run by aten's `_weight_int8pack_mm`; `int4` stores 4-bit codes with a scale and a zero point per group of
+`model.group_size` input channels (asymmetric min-max, the layout of torchao's CPU int4 and gpt-fast), run by
+`_weight_int4pack_mm_for_cpu`. Both are aten CPU kernels shipped with torch, so no extra package is needed; they take
+float32, bfloat16 or float16 activations (the activations' dtype is the run's `dtype`).
+
+Both kernels compute each row of the input on its own (tests/test_quantized.py checks row 0 of many-row products
+against the one-row product, bitwise, at every size a tree can have), so a tree verify of the quantised target gives
+exactly the logits its one-token forwards give: speculative decoding of the quantised target is lossless against that
+target's own plain decoding. The quantised model is a target of its own, not the float one: `agreement` measures how
+often its greedy token matches the float model's on held-out text.
+
+Projections that read one input are fused first (models/linears.py), then quantised: per-output-channel and per-row
+groups quantise a concatenated weight exactly as its parts, so fusing changes no code and no output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+from torch import nn
+
+from specbench.errors import SpecbenchError
+from specbench.models.linears import fuse_projections, replace_linears
+from specbench.models.loading import LoadedModel
+
+FORMATS = ("fp", "int8", "int4")  # fp: the weights as loaded (float32 or the run's dtype)
+AUTO = "auto"  # model.weights=auto: the machine profile picks the format with the cheapest verify forward
+GROUP_SIZES = (32, 64, 128, 256)  # what _weight_int4pack_mm_for_cpu accepts
+INT4_ROWS = 16  # _convert_weight_to_int4pack_for_cpu packs output channels in blocks of 16
+
+
+def check_weights(weights: str, group_size: int = 32, where: str = "model.weights") -> None:
+    """One error line for a format or group size the kernels cannot run (the group size is checked whatever the
+    format: eval.profile_weights may quantise to int4 a run whose own weights are fp)."""
+    if weights not in (*FORMATS, AUTO):
+        raise SpecbenchError(f"{where}='{weights}' is unknown; valid choices: {', '.join(FORMATS)}, {AUTO}")
+    if isinstance(group_size, bool) or group_size not in GROUP_SIZES:
+        raise SpecbenchError(f"model.group_size={group_size!r} is invalid for int4 weights: give one of "
+                             f"{', '.join(map(str, GROUP_SIZES))} (the group sizes aten's CPU int4 kernel takes)")
+
+
+def format_name(weights: str, group_size: int) -> str:
+    """The weight format as the roofline prices it (models/shape.py): int4 with its group size, whose scales and zeros
+    add bytes per parameter."""
+    return f"int4_g{group_size}" if weights == "int4" else weights
+
+
+def split_format(weights: str, group_size: int = 32) -> tuple[str, int]:
+    """(weights, group_size) of a config name (int4 with model.group_size) or of a format name (int4_g64)."""
+    head, _, group = weights.partition("_g")
+    return (head, int(group)) if head == "int4" and group.isdigit() else (weights, group_size)
+
+
+def supported(weights: str, device: torch.device, backend: str = "eager") -> str | None:
+    """None when `weights` (a config or format name) can run on `device` under `backend`, else why not (one line)."""
+    weights = split_format(weights)[0]
+    if weights == "fp":
+        return None
+    if torch.device(device).type != "cpu":
+        return f"{weights} weights run aten's CPU kernels (_weight_int8pack_mm, _weight_int4pack_mm_for_cpu)"
+    if backend == "prepacked":
+        return f"{weights} weights leave no float linear to pack: eager runs the same kernels"
+    return None
+
+
+class Int8Linear(nn.Module):
+    """y = x (q s)^T + b: q int8 [out, in], s one scale per output channel (symmetric, max |w| -> 127). The float
+    weight stays reachable as `.weight` (a tied LM head, Medusa's heads and published EAGLE heads read it); only q and
+    s are used. s follows the model's dtype (cast with it): the kernel wants it in the activations' dtype."""
+
+    weight_format = "int8"  # what the roofline prices (models/shape.py)
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.weight, self.bias = linear.weight, linear.bias
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        w = linear.weight.detach().float()
+        scales = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
+        self.register_buffer("qweight", (w / scales[:, None]).round().clamp(-127, 127).to(torch.int8),
+                             persistent=False)
+        self.register_buffer("scales", scales.to(linear.weight.dtype), persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.ops.aten._weight_int8pack_mm(x.reshape(-1, self.in_features).contiguous(), self.qweight, self.scales)
+        out = out.reshape(*x.shape[:-1], self.out_features)
+        return out if self.bias is None else out + self.bias
+
+
+class Int4Linear(nn.Module):
+    """y = x w^T + b with w = (q - 8) s + z per group of `group_size` input channels: q in 0..15 (min-max over the
+    group, asymmetric), packed by aten into its CPU layout. Output channels are padded with zero rows to a multiple
+    of 16 (the packing's block) and the padding sliced off the output. `.weight` as in Int8Linear."""
+
+    def __init__(self, linear: nn.Linear, group_size: int) -> None:
+        super().__init__()
+        self.weight, self.bias = linear.weight, linear.bias
+        self.in_features, self.out_features, self.group_size = linear.in_features, linear.out_features, group_size
+        self.weight_format = format_name("int4", group_size)  # what the roofline prices (models/shape.py)
+        if self.in_features % group_size:
+            fits = ", ".join(str(g) for g in GROUP_SIZES if not self.in_features % g)
+            raise SpecbenchError(f"model.group_size={group_size} does not divide a linear's {self.in_features} input "
+                                 "channels; " + (f"give one of {fits}" if fits else "none does: use int8 weights"))
+        w = linear.weight.detach().float()
+        rows = -(-self.out_features // INT4_ROWS) * INT4_ROWS
+        w = torch.cat([w, w.new_zeros(rows - self.out_features, self.in_features)])
+        groups = w.reshape(rows, -1, group_size)
+        low, high = groups.amin(dim=-1, keepdim=True), groups.amax(dim=-1, keepdim=True)
+        scales = (high - low).clamp(min=1e-6) / 15
+        codes = ((groups - low) / scales).round().clamp(0, 15).to(torch.int32).reshape(rows, -1)
+        zeros = low + 8 * scales  # the kernel computes (q - 8) * s + z
+        self.register_buffer("packed", torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes, 1), persistent=False)
+        self.register_buffer("scales_and_zeros", torch.cat([scales, zeros], dim=-1).transpose(0, 1).contiguous()
+                             .to(linear.weight.dtype), persistent=False)  # [in / group, out, 2]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = torch.ops.aten._weight_int4pack_mm_for_cpu(x.reshape(-1, self.in_features).contiguous(), self.packed,
+                                                         self.group_size, self.scales_and_zeros)
+        out = out[:, : self.out_features].reshape(*x.shape[:-1], self.out_features)
+        return out if self.bias is None else out + self.bias
+
+
+def quantised_linear(linear: nn.Linear, weights: str, group_size: int = 32) -> nn.Module:
+    """`linear` in `weights` (int8, int4 with group_size, or a format name such as int4_g64)."""
+    weights, group_size = split_format(weights, group_size)
+    return Int8Linear(linear) if weights == "int8" else Int4Linear(linear, group_size)
+
+
+def with_weights(target: LoadedModel, weights: str, group_size: int = 32, fuse: bool = True) -> LoadedModel:
+    """`target` with its linears (the LM head too) in `weights` (fp, int8, int4 with group_size, or a format name
+    such as int4_g64), on a shallow view (the original keeps its float layers; embeddings, norms and the float weights
+    stay shared), quantised from the weights as they are: load in float32, quantise, then cast, so the codes do not
+    depend on the run's dtype. fp returns target itself. fuse: q/k/v and gate/up fused first (models/linears.py);
+    False keeps them apart, which tests compare against."""
+    weights, group_size = split_format(weights, group_size)
+    check_weights(weights, group_size)
+    if weights == AUTO:
+        raise SpecbenchError("model.weights=auto is resolved by the evaluator from the machine profile; "
+                             f"with_weights needs one of: {', '.join(FORMATS)}")
+    if format_name(weights, group_size) == target.weights:
+        return target
+    if target.weights != "fp" or target.backend != "eager":
+        raise SpecbenchError(f"quantise the eager float model to {weights}; this one is {target.weights} on backend "
+                             f"'{target.backend}'")
+    reason = supported(weights, target.model.device)
+    if reason:
+        raise SpecbenchError(f"model.weights={weights} cannot run on {target.model.device}: {reason}")
+    model = replace_linears(fuse_projections(target.model) if fuse else target.model,
+                            lambda linear: quantised_linear(linear, weights, group_size))
+    return dataclasses.replace(target, model=model, weights=format_name(weights, group_size))
+
+
+@torch.inference_mode()
+def agreement(reference: torch.nn.Module, model: torch.nn.Module, sequences: list[list[int]]) -> dict:
+    """Teacher-forced fidelity of `model` to `reference` over `sequences` (token ids, each fed whole): the share of
+    next-token positions where both pick the same greedy token, and each one's perplexity on the text itself."""
+    same = total = 0
+    nll = {"reference": 0.0, "model": 0.0}
+    for ids in sequences:
+        ids = torch.tensor(ids, device=reference.device)[None]
+        ref, out = (m(input_ids=ids).logits[0, :-1].float() for m in (reference, model))
+        same += int((ref.argmax(-1) == out.argmax(-1)).sum())
+        total += ref.shape[0]
+        for name, logits in (("reference", ref), ("model", out)):
+            nll[name] += float(torch.nn.functional.cross_entropy(logits, ids[0, 1:], reduction="sum"))
+    return {"positions": total, "agreement": same / total, "perplexity": math.exp(nll["model"] / total),
+            "reference_perplexity": math.exp(nll["reference"] / total)}
