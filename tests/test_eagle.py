@@ -19,7 +19,7 @@ from specbench.batching import BatchDecoder
 from specbench.decoding import Decoder
 from specbench.drafters.base import DecodeState
 from specbench.drafters.autoregressive import AutoregressiveDrafter
-from specbench.drafters.eagle import EagleDrafter, EagleHead, feature_layers
+from specbench.drafters.eagle import LEVEL_ROWS, ROOT_ROWS, EagleDrafter, EagleHead, feature_layers
 from specbench.errors import SpecbenchError
 from specbench.models.artifact import load_artifact, save_artifact
 from specbench.sampling import SamplingParams
@@ -29,6 +29,7 @@ from specbench.training.eagle import EagleModule, tau_sim, ttt_mask
 from specbench.trees.chain import ChainPolicy
 from specbench.trees.dynamic import DynamicPolicy
 from specbench.trees.greedy import GreedyPolicy
+from specbench.trees.hardware_aware import HardwareAwarePolicy, best_budget
 from specbench.trees.policy import TreePolicy
 from specbench.trees.static import StaticPolicy
 from specbench.verification.tree_forward import selected_hidden
@@ -60,6 +61,14 @@ def eagle_artifact(path, target, features: str = "fused", d2t: list[int] | None 
                          metrics={"rank_accuracy": [[0.5, 0.2, 0.1], [0.4, 0.2, 0.1], [0.3, 0.1, 0.1]]})
 
 
+@torch.no_grad()
+def with_features(module, batch: dict) -> dict:
+    """batch with the target's hidden states the module trains on, as the feature cache would hand them."""
+    out = module.backbone.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                output_hidden_states=module.hidden_states)
+    return batch | {"hidden": {i: out.hidden_states[i] for i in module.hidden_states}}
+
+
 def fitted_artifact(path, target, features: str, steps: int = 60):
     """A head fitted for a few seconds to the target's greedy continuations, so that drafts get accepted (and
     rolled back): accepted paths are what the drafter feeds back with the target's features."""
@@ -67,10 +76,11 @@ def fitted_artifact(path, target, features: str, steps: int = 60):
     module = EagleModule(target.model, features=features, export_dtype="float32")
     prompts = torch.randint(0, target.model.config.vocab_size, (8, 6)).tolist()
     ids = torch.tensor([p + decode(target, AutoregressiveDrafter(), p, n=30).tokens for p in prompts])
-    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "loss_mask": torch.ones_like(ids).bool()}
+    batch = with_features(module, {"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                                   "loss_mask": torch.ones_like(ids).bool()})
     opt = torch.optim.Adam(module.head.parameters(), lr=3e-3)
     for _ in range(steps):
-        loss = sum(F.cross_entropy(logits, want.argmax(-1)) for _, logits, want in module.unroll(batch))
+        loss = sum(F.cross_entropy(logits, teacher.argmax(-1)) for _, logits, teacher, _ in module.unroll(batch))
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -203,10 +213,10 @@ def test_training_time_test_unrolls_as_decoding_drafts():
     seq = PROMPTS[1] + ids
     ones = torch.ones(1, len(seq), dtype=torch.bool)
     with torch.no_grad():
-        steps = list(module.unroll({"input_ids": torch.tensor([seq]), "attention_mask": ones.long(),
-                                    "loss_mask": ones}))
-    assert [j for j, _, _ in steps] == [0, 1, 2]
-    for j, logits, _ in steps:
+        steps = list(module.unroll(with_features(module, {"input_ids": torch.tensor([seq]),
+                                                          "attention_mask": ones.long(), "loss_mask": ones})))
+    assert [j for j, *_ in steps] == [0, 1, 2]
+    for j, logits, *_ in steps:
         for t in (j, 5, len(seq) - 3):
             s = t - j
             want = reference_chain(module.head, target, seq[: s + 1], seq[s + 1], seq[s + 2: t + 2])
@@ -334,3 +344,29 @@ def test_an_artifact_of_another_method_is_refused(tiny, tmp_path):
     path = save_artifact(tmp_path / "m", "medusa", tiny, {}, {"x": torch.zeros(1)})
     with pytest.raises(SpecbenchError, match="holds a 'medusa' drafter, not a 'eagle' one"):
         EagleDrafter(tiny, TREES["chain"], str(path))
+
+
+def test_draft_cost_counts_one_head_forward_per_tree_level(target, artifacts):
+    drafter = EagleDrafter(target, TREES["chain"], str(artifacts["fused"]))
+    assert drafter.draft_ms([[0]]) > 0 and len(drafter._level_ms) == len(LEVEL_ROWS)  # measured here, once
+    drafter._level_ms = [1.0 + 0.01 * n for n in LEVEL_ROWS]  # a known cost per expand of n rows
+    root = drafter._expand_ms(ROOT_ROWS)
+    assert drafter.draft_ms([[0], [1], [2]]) == pytest.approx(root)  # a star: the root's forward alone
+    assert drafter.draft_ms([[0], [0, 0], [0, 0, 0], [1]]) == pytest.approx(root + 2 * 1.01)  # two deeper levels
+    assert drafter.draft_ms([[0], [1], [0, 0], [1, 0], [0, 0, 0]]) == pytest.approx(root + 1.02 + 1.01)
+
+
+def test_hardware_aware_sizes_the_tree_by_the_target_and_the_drafters_own_cost(target, artifacts):
+    """With a flat L(n), depth is free for the target, but every level costs the drafter a forward: the tree the
+    drafter's cost picks is the best tau per (L + drafting), not the largest."""
+    drafter = EagleDrafter(target, HardwareAwarePolicy(budget=24), str(artifacts["fused"]))
+    drafter._level_ms = [4.0 for _ in LEVEL_ROWS]  # 4 ms per level, whatever its width
+    drafter.fit(lambda n: 10.0)
+    table = drafter.tree.accept_prob  # the artifact's held-out rank accuracies
+    assert drafter.tree.draft_ms == drafter.draft_ms
+    want, rates = best_budget(table, lambda n: 10.0, 24, drafter.draft_ms)
+    assert drafter.tree.budget == want and drafter.tree.rates == pytest.approx(rates)
+    blind, _ = best_budget(table, lambda n: 10.0, 24)
+    assert blind == 24 > want  # without the drafter's cost the whole table looks free
+    for prompt in PROMPTS:
+        assert decode(target, drafter, prompt).tokens == decode(target, AutoregressiveDrafter(), prompt).tokens

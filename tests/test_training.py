@@ -3,6 +3,7 @@
 import json
 
 import lightning as L
+import pandas as pd
 import pytest
 
 from specbench.data.sharegpt import read_sharegpt
@@ -61,6 +62,11 @@ def test_interrupted_training_resumes_from_the_saved_step(tmp_path):
     summary = train(cfg, tmp_path, callbacks=[first])
     assert first.seen == 3  # continued from the checkpoint at step 3, not from 0
     assert summary["global_step"] > 3
+    # the training curve spans both fits, though Lightning's CSVLogger restarted metrics.csv at the resume
+    history = pd.read_csv(tmp_path / "plots" / "training_curves.csv")
+    assert history["step"].min() < 3 and history["step"].max() >= summary["global_step"] - 1
+    assert pd.read_csv(tmp_path / "logs" / "metrics.csv")["step"].min() >= 3
+    assert (tmp_path / "plots" / "training_curves.png").stat().st_size > 10_000
 
 
 def test_artifacts_are_checked_before_use(tmp_path, tiny):
@@ -79,3 +85,113 @@ def test_artifacts_are_checked_before_use(tmp_path, tiny):
     (tmp_path / "b.safetensors").write_bytes(b"not safetensors")
     with pytest.raises(SpecbenchError, match="not a specbench drafter artifact"):
         load_artifact(tmp_path / "b.safetensors", "medusa", tiny)
+
+
+# --- self-distillation and the feature cache ---------------------------------------------------------------------
+
+FEATURES = (1, -1)  # a middle layer and the final normed state of the 2-layer tiny model
+
+
+def distill(tiny, path, count: int, layers=FEATURES, batch_size: int = 3):
+    """The cache's records by conversation index after self-distilling the first `count` conversations."""
+    from specbench.training.self_distill import generate_responses, read_cache
+
+    generate_responses(tiny, read_sharegpt(count), path, max_prompt_tokens=24, max_new_tokens=10,
+                       batch_size=batch_size, layers=layers)
+    return sorted(read_cache(path), key=lambda r: r["index"])
+
+
+def features(tiny, path, layers=FEATURES) -> dict:
+    """{(conversation index, layer): its feature rows} from the cache's feature store."""
+    from specbench.training.features import FeatureStore
+    from specbench.training.self_distill import feature_dir, read_cache
+
+    cfg, records = tiny.model.config, read_cache(path)
+    store = FeatureStore(feature_dir(path), cfg.hidden_size, cfg.num_hidden_layers,
+                         [len(r["prompt"]) + len(r["response"]) for r in records])
+    return {(r["index"], layer): store.read(layer, row, len(r["prompt"]) + len(r["response"]) - 1).float()
+            for row, r in enumerate(records) for layer in layers}
+
+
+def assert_same_features(got: dict, want: dict) -> None:
+    import torch
+
+    assert got.keys() == want.keys()
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], atol=0.05, rtol=0.02)
+
+
+def test_self_distillation_writes_greedy_responses_and_the_features_of_every_fed_position(tiny, tmp_path):
+    """Batches of unequal, left-padded prompts (sorted by length): each response is the target's own greedy decoding
+    of its prompt alone, and each feature row is the target's hidden state at that position."""
+    import torch
+
+    from specbench.acceptance.exact import ExactAcceptance
+    from specbench.decoding import Decoder
+    from specbench.drafters.autoregressive import AutoregressiveDrafter
+    from specbench.sampling import SamplingParams
+    from specbench.training.sharegpt import prompt_ids
+
+    records = distill(tiny, tmp_path / "sd.jsonl", 7)
+    assert [r["index"] for r in records] == list(range(7)) and len({len(r["prompt"]) for r in records}) > 1
+    assert [r["prompt"] for r in records] == [prompt_ids(tiny.tokenizer, c, 24) for c in read_sharegpt(7)]
+    want = {}
+    for r in records:
+        alone = Decoder(tiny.model, AutoregressiveDrafter(), ExactAcceptance(), SamplingParams(), 10,
+                        eos_token_ids=tiny.eos_token_ids).generate(r["prompt"]).tokens
+        assert r["response"] == alone
+        with torch.no_grad():
+            out = tiny.model.model(input_ids=torch.tensor([r["prompt"] + r["response"]]),
+                                   output_hidden_states=FEATURES)
+        want |= {(r["index"], layer): out.hidden_states[layer][0, :-1] for layer in FEATURES}
+    assert_same_features(features(tiny, tmp_path / "sd.jsonl"), want)
+
+
+def test_an_interrupted_self_distillation_resumes_where_it_stopped(tiny, tmp_path):
+    """A crash after a batch's features were written but before its response lines (and one mid-line) loses nothing
+    and duplicates nothing: the cache then holds what an uninterrupted run writes."""
+    from specbench.training.features import FeatureStore
+    from specbench.training.self_distill import feature_dir
+
+    whole = distill(tiny, tmp_path / "a" / "sd.jsonl", 8)
+    path = tmp_path / "b" / "sd.jsonl"
+    distill(tiny, path, 5)
+    store = FeatureStore(feature_dir(path), tiny.model.config.hidden_size, 2, [])
+    with path.open("a") as fh:
+        fh.write('{"index": 6, "prompt": [1, 2')  # the line being written when it died
+    for layer in FEATURES:  # features of responses whose lines were never written
+        with store.path(layer).open("ab") as fh:
+            fh.write(b"\x01\x02" * tiny.model.config.hidden_size * 9)
+    assert distill(tiny, path, 8) == whole
+    assert_same_features(features(tiny, path), features(tiny, tmp_path / "a" / "sd.jsonl"))
+
+
+def test_a_hidden_state_asked_for_later_is_computed_for_the_cached_responses(tiny, tmp_path):
+    whole = distill(tiny, tmp_path / "a" / "sd.jsonl", 6)
+    path = tmp_path / "b" / "sd.jsonl"
+    assert distill(tiny, path, 4, layers=(-1,)) == whole[:4]
+    assert distill(tiny, path, 6) == whole  # layer 1 filled by a forward over 4 responses, then generated for 2
+    assert_same_features(features(tiny, path), features(tiny, tmp_path / "a" / "sd.jsonl"))
+
+
+def test_batches_carry_the_cached_features_of_their_sequences(tiny, tmp_path):
+    import torch
+
+    from specbench.training.datamodule import ShareGPTDataModule
+    from specbench.training.medusa import MedusaModule
+
+    module = MedusaModule(tiny.model, num_heads=2)
+    data = ShareGPTDataModule(tiny.tokenizer, num_conversations=9, num_val=3, max_length=64, batch_size=4,
+                              self_distill={"max_prompt_tokens": 24, "max_new_tokens": 12, "dtype": "float32",
+                                            "batch_size": 4}, generator=tiny, cache_dir=tmp_path)
+    data.trainer = type("T", (), {"lightning_module": module})()
+    data.prepare_data()
+    data.setup("fit")
+    batch = data.collate(data.train_set[:3])
+    with torch.no_grad():
+        out = tiny.model.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
+    for i, e in enumerate(data.train_set[:3]):
+        n = len(e.input_ids) - 1
+        torch.testing.assert_close(batch["hidden"][-1][i, :n].float(), out.last_hidden_state[i, :n],
+                                   atol=0.05, rtol=0.02)
+        assert not batch["hidden"][-1][i, n:].any()

@@ -93,12 +93,17 @@ class Drafter(ABC):
         run's backend: `run_on` applies it. They are derived on eager because a compiled or prepacked forward cannot
         be sliced or LoRA-merged."""
 
+    # ms one step of drafting a static tree of these paths (Medusa's choices) costs here, measured by the drafter
+    # itself; None: not measured, and a hardware-aware tree then counts the target's L(n) alone
+    draft_ms: Callable[[list[list[int]]], float] | None = None
+
     def fit(self, latency_ms: Callable[[float], float]) -> None:
         """Size the draft to this machine: L(n) is the ms of a target forward over n rows (measured here, or a
-        board's roofline). A hardware-aware tree picks its budget from it; other trees ignore it."""
+        board's roofline), plus the drafter's own draft_ms. A hardware-aware tree picks its budget from them; other
+        trees ignore them."""
         tree = getattr(self, "tree", None)
         if hasattr(tree, "fit"):
-            self.tree = tree.fit(latency_ms)
+            self.tree = tree.fit(latency_ms, self.draft_ms)
 
     @property
     def verifier(self) -> LoadedModel | None:

@@ -20,7 +20,10 @@ features, which replace the drafter's guesses.
 from __future__ import annotations
 
 import copy
+import time
+from collections import Counter
 
+import numpy as np
 import torch
 from torch import nn
 from transformers import AutoModel, DynamicCache
@@ -84,6 +87,10 @@ def load_eagle_head(target: LoadedModel, checkpoint: str | None) -> tuple[EagleH
         raise SpecbenchError(f"checkpoint '{checkpoint}' does not hold the EAGLE head its JSON describes "
                              f"({str(exc).splitlines()[0]})") from exc
     return head.to(device=target.model.device, dtype=target.model.dtype).eval(), meta
+
+
+# draft_ms's measurement: rows per expand, the context of its draft cache, the timed repeats, the root's rows
+LEVEL_ROWS, COST_CONTEXT, COST_REPEATS, ROOT_ROWS = (1, 2, 4, 8, 16, 32, 64), 192, 5, 3
 
 
 class EagleDrafter(Drafter):
@@ -177,6 +184,37 @@ class EagleDrafter(Drafter):
         tokens = outcome.tree.tokens[outcome.path[1:]].tolist() + [outcome.next_token]
         self._pending = outcome.verify.hidden[outcome.path], tokens
         self.tree.observe(outcome.tree, outcome.path)
+
+    def draft_ms(self, choices: list[list[int]]) -> float:
+        """ms of drafting a static tree of these paths here: the root's forward over the accepted path (~3 rows),
+        then one forward per deeper level over the nodes expanded there."""
+        levels = Counter(len(parent) for parent in {tuple(p[:-1]) for p in choices})  # depth -> expanded nodes
+        return self._expand_ms(ROOT_ROWS) + sum(self._expand_ms(n) for depth, n in levels.items() if depth > 0)
+
+    @torch.inference_mode()
+    def _expand_ms(self, rows: float) -> float:
+        """One expand over `rows` nodes on a draft cache of COST_CONTEXT rows (head forward, draft probabilities,
+        top-k), measured once per drafter at LEVEL_ROWS and interpolated."""
+        if getattr(self, "_level_ms", None) is None:
+            device, dtype = self.embed.weight.device, self.head.fc.weight.dtype
+            width = self.head.fc.in_features // 2
+            cache = DynamicCache()
+            self.head(torch.zeros(1, COST_CONTEXT, width, device=device, dtype=dtype), self._embed([0] * COST_CONTEXT),
+                      past_key_values=cache)
+            self._level_ms = []
+            for n in LEVEL_ROWS:
+                mask = torch.ones(1, 1, n, COST_CONTEXT + n, dtype=torch.bool, device=device)
+                positions = torch.full((1, n), COST_CONTEXT, device=device)
+                times = []
+                for _ in range(COST_REPEATS + 1):
+                    start = time.perf_counter()
+                    out = self.head(torch.zeros(1, n, width, device=device, dtype=dtype), self._embed([0] * n),
+                                    attention_mask=mask, position_ids=positions, past_key_values=cache)
+                    self._draft_probs(out[0]).topk(4)
+                    times.append(time.perf_counter() - start)
+                    commit_path(cache, COST_CONTEXT, [])
+                self._level_ms.append(1e3 * float(np.median(times[1:])))
+        return float(np.interp(rows, LEVEL_ROWS, self._level_ms))
 
     def cache_bytes(self) -> int:
         return cache_bytes(self.cache)

@@ -11,16 +11,18 @@ import time
 from pathlib import Path
 
 import lightning as L
+import torch
 from hydra.utils import get_class
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
 from specbench.config import build
 from specbench.errors import SpecbenchError
-from specbench.models.loading import cache_root
-from specbench.tasks._common import build_model, run_dir
 from specbench.models.artifact import save_artifact
+from specbench.models.loading import cache_root
 from specbench.reporting.loggers import log_artifact
+from specbench.tasks._common import build_model, run_dir
+from specbench.training.curves import TrainingCurves
 from specbench.training.datamodule import ShareGPTDataModule
 
 
@@ -33,6 +35,16 @@ def make_logger(cfg: DictConfig, run_dir: Path):
     if OmegaConf.select(cfg, "logger._target_") is None:
         return L.pytorch.loggers.CSVLogger(save_dir=str(run_dir), name="logs", version="")
     return build(cfg.logger, save_dir=str(run_dir))
+
+
+def _curves(cfg: DictConfig, run_dir: Path) -> TrainingCurves:
+    """plots/training_curves.png: loss, held-out per-position accuracy and tau_sim over the steps."""
+    data = cfg.method.train.data
+    source = "human-written" if data.self_distill is None else "self-distilled"
+    caption = (f"{cfg.model.name} | hw {cfg.hw.name} | trainer precision {cfg.trainer.precision} | "
+               f"{data.num_conversations} {source} ShareGPT conversations ({data.num_val} held out) | "
+               f"{torch.backends.cpu.get_cpu_capability()}")
+    return TrainingCurves(run_dir / "plots" / "training_curves", f"{cfg.method.name} drafter training", caption)
 
 
 def train(cfg: DictConfig, run_dir: Path, callbacks: list | None = None) -> dict:
@@ -58,7 +70,7 @@ def train(cfg: DictConfig, run_dir: Path, callbacks: list | None = None) -> dict
                                  every_n_train_steps=tcfg.checkpoint_every_n_steps)
     trainer = build(cfg.trainer, default_root_dir=str(run_dir), max_epochs=tcfg.epochs,
                           max_steps=tcfg.max_steps, logger=make_logger(cfg, run_dir),
-                          callbacks=[checkpoint, *(callbacks or [])])
+                          callbacks=[checkpoint, _curves(cfg, run_dir), *(callbacks or [])])
     resume = ckpt_dir / "last.ckpt"
     start = time.time()
     trainer.fit(module, data, ckpt_path=str(resume) if resume.exists() else None)

@@ -14,6 +14,9 @@ from torchmetrics import Metric
 
 class DrafterModule(L.LightningModule):
     needs_tokenizer: bool = False  # task=train hands the target's tokenizer to modules that declare they need it
+    # the target's hidden states (transformers' indices) a module trains on instead of running the frozen target:
+    # the DataModule computes them once into its feature cache and every batch carries them as batch["hidden"]
+    hidden_states: tuple[int, ...] = ()
 
     def __init__(self, backbone: torch.nn.Module, lr: float, warmup_ratio: float, weight_decay: float) -> None:
         super().__init__()

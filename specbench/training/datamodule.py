@@ -1,11 +1,16 @@
 """ShareGPT as a LightningDataModule: human-written or self-distilled conversations, padded batches with a mask of
-the assistant tokens that supervise the drafter. The last `num_val` conversations are the held-out split.
+the assistant tokens that supervise the drafter and, for a module that trains on the target's hidden states
+(`hidden_states`), those states read from the feature cache. The last `num_val` conversations are the held-out split.
 
 Under DDP, Lightning calls prepare_data in one process per node (then a barrier) and setup in every rank: the
-self-distillation responses are generated and cached once, in prepare_data, and every rank reads the cache."""
+self-distillation responses and the features are generated and cached once, in prepare_data, and every rank reads
+the cache."""
 
 from __future__ import annotations
 
+import hashlib
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import lightning as L
@@ -14,7 +19,8 @@ from torch.utils.data import DataLoader
 
 from specbench.data.sharegpt import read_sharegpt
 from specbench.errors import SpecbenchError
-from specbench.training.self_distill import cache_file, generate_responses, read_responses
+from specbench.training.features import FeatureStore, model_fingerprint
+from specbench.training.self_distill import cache_file, feature_dir, generate_responses, read_cache, read_responses
 from specbench.training.sharegpt import Example, format_conversation
 
 
@@ -32,27 +38,68 @@ class ShareGPTDataModule(L.LightningDataModule):
         self.max_length, self.batch_size = max_length, batch_size
         self.self_distill = None if self_distill is None else dict(self_distill)
         self.generator, self.cache_dir = generator, cache_dir
+        self.store: FeatureStore | None = None
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else tokenizer.eos_token_id
+
+    @property
+    def hidden_states(self) -> tuple[int, ...]:
+        """The hidden states the module being fitted trains on (DrafterModule.hidden_states); () without one."""
+        module = self.trainer.lightning_module if self.trainer is not None else None
+        return tuple(getattr(module, "hidden_states", ()))
+
+    def _feature_model(self):
+        """Who computes missing features: the model that wrote the responses, else the module's frozen target."""
+        return self.generator.model if self.generator is not None else self.trainer.lightning_module.backbone
 
     def _cache(self) -> Path:
         sd = self.self_distill
         return cache_file(Path(self.cache_dir), self.generator.name, max_prompt_tokens=sd["max_prompt_tokens"],
-                          max_new_tokens=sd["max_new_tokens"], dtype=sd["dtype"])
+                          max_new_tokens=sd["max_new_tokens"], dtype=sd["dtype"],
+                          weights=model_fingerprint(self.generator.model))
+
+    def _human_features(self, model) -> Path:
+        key = hashlib.sha1(json.dumps({"max_length": self.max_length, "weights": model_fingerprint(model),
+                                       "dtype": str(model.dtype)}).encode()).hexdigest()[:10]
+        return Path(self.cache_dir) / f"sharegpt-{key}.features"
 
     def prepare_data(self) -> None:
         if self.self_distill is not None:
             sd = self.self_distill
             generate_responses(self.generator, read_sharegpt(self.num_conversations), self._cache(),
-                               sd["max_prompt_tokens"], sd["max_new_tokens"], sd.get("batch_size", 16))
+                               sd["max_prompt_tokens"], sd["max_new_tokens"], sd.get("batch_size", 16),
+                               self.hidden_states)
+        elif self.hidden_states:
+            model = self._feature_model()
+            sequences = [e.input_ids for e in self._conversations()]
+            store = FeatureStore(self._human_features(model), model.config.hidden_size,
+                                 model.config.num_hidden_layers, list(map(len, sequences)))
+            store.fill(model, sequences, self.hidden_states)
+
+    def _conversations(self) -> list[Example]:
+        """The conversations in order, each with its row in the feature store."""
+        if self.self_distill is not None:
+            return read_responses(self._cache(), self.num_conversations)
+        return [replace(format_conversation(self.tokenizer, c, self.max_length), row=i)
+                for i, c in enumerate(read_sharegpt(self.num_conversations))]
 
     def examples(self) -> list[Example]:
-        if self.self_distill is not None:
-            examples = read_responses(self._cache(), self.num_conversations)
-        else:
-            examples = [format_conversation(self.tokenizer, c, self.max_length)
-                        for c in read_sharegpt(self.num_conversations)]
-        return [Example(e.input_ids[: self.max_length], e.loss_mask[: self.max_length]) for e in examples]
+        examples = self._conversations()
+        if self.hidden_states:  # the store's rows are per whole (untruncated) sequence, in its own order
+            model = self._feature_model()
+            if self.self_distill is not None:
+                root = feature_dir(self._cache())
+                lengths = [len(r["prompt"]) + len(r["response"]) for r in read_cache(self._cache())]
+            else:
+                root, lengths = self._human_features(model), [len(e.input_ids) for e in examples]
+            self.store = FeatureStore(root, model.config.hidden_size, model.config.num_hidden_layers, lengths)
+            need = max(e.row for e in examples) + 1
+            for layer in self.hidden_states:
+                if self.store.covered(layer) < need:
+                    raise SpecbenchError(f"the feature cache '{root}' holds hidden state {layer} for "
+                                         f"{self.store.covered(layer)} of {need} sequences: prepare_data writes it; "
+                                         f"delete the folder to recompute")
+        return [Example(e.input_ids[: self.max_length], e.loss_mask[: self.max_length], e.row) for e in examples]
 
     def setup(self, stage: str | None = None) -> None:
         if hasattr(self, "train_set"):
@@ -64,7 +111,7 @@ class ShareGPTDataModule(L.LightningDataModule):
             raise SpecbenchError(f"no usable training sequences among {len(examples)} conversations; raise "
                                  f"train.data.num_conversations or max_length")
 
-    def collate(self, batch: list[Example]) -> dict[str, torch.Tensor]:
+    def collate(self, batch: list[Example]) -> dict:
         width = max(len(e.input_ids) for e in batch)
         ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
         attn = torch.zeros((len(batch), width), dtype=torch.long)
@@ -74,7 +121,16 @@ class ShareGPTDataModule(L.LightningDataModule):
             ids[i, :n] = torch.tensor(e.input_ids)
             attn[i, :n] = 1
             loss[i, :n] = torch.tensor(e.loss_mask)
-        return {"input_ids": ids, "attention_mask": attn, "loss_mask": loss}
+        out = {"input_ids": ids, "attention_mask": attn, "loss_mask": loss}
+        if self.store is not None:  # the target's hidden states at positions 0..n-2 of each sequence (rest: zeros)
+            hidden = {}
+            for layer in self.hidden_states:
+                rows = torch.zeros((len(batch), width, self.store.hidden_size), dtype=torch.bfloat16)
+                for i, e in enumerate(batch):
+                    rows[i, : len(e.input_ids) - 1] = self.store.read(layer, e.row, len(e.input_ids) - 1)
+                hidden[layer] = rows
+            out["hidden"] = hidden
+        return out
 
     def train_dataloader(self) -> DataLoader:
         return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, collate_fn=self.collate)

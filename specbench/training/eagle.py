@@ -1,11 +1,13 @@
 """EAGLE-3 training (Li et al. 2025): the one-layer head learns the target's next-token distribution from the
-target's own features, unrolled on its own outputs (the training-time test).
+target's own features, unrolled on its own outputs (the training-time test). The target's features come from the
+DataModule's feature cache (training/features.py, computed once), so epochs train the head alone.
 
 Row t reads the feature at position t and token t+1 and predicts token t+2. Step 0 reads the target's features, as
 the committed rows of a decode do. Step j reads at row t the drafter's step j-1 output at row t-1, as a depth-j draft
 node reads its parent's, and sees what that node sees at decode time (ttt_mask): the target-fed rows up to t-j and
 its ancestors, row t-j+i of each step i. Step j's loss, weighted decay^j, is the cross-entropy to the target's
-distribution over the draft vocabulary, on rows whose target top-1 is in it (EAGLE-3's choice). The draft vocabulary
+distribution over the draft vocabulary, on rows whose label (on self-distilled data the target's top-1) is in it
+(EAGLE-3's choice). The draft vocabulary
 is the draft_vocab most frequent tokens of the training responses (EAGLE-3's d2t, FR-Spec).
 
 Step j's held-out top-1 accuracy is the probability that a depth-(j+1) draft is accepted given its parent was, so
@@ -15,6 +17,7 @@ tau_sim (1 + the sum over depths of the products of those accuracies) is the exp
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torchmetrics import MeanMetric
 from transformers import DynamicCache
 
@@ -22,7 +25,6 @@ from specbench.drafters.eagle import EagleHead, feature_layers
 from specbench.errors import SpecbenchError
 from specbench.training.base import DrafterModule, RankAccuracy
 from specbench.training.sharegpt import Example
-from specbench.verification.tree_forward import selected_hidden
 
 
 def ttt_mask(n: int, step: int) -> torch.Tensor:
@@ -65,6 +67,7 @@ class EagleModule(DrafterModule):
         self.freeze_backbone()
         cfg = backbone.config
         self.head = EagleHead(cfg, feature_layers(cfg.num_hidden_layers, features), draft_vocab or cfg.vocab_size)
+        self.hidden_states = tuple(dict.fromkeys(self.head.layers + (-1,)))  # -1: the teacher's last hidden state
         self.features = features
         self.register_buffer("t2d", torch.empty(0, dtype=torch.long), persistent=False)  # target id -> draft id, -1
         self._use_vocabulary(self.head.d2t)
@@ -88,15 +91,18 @@ class EagleModule(DrafterModule):
             self._use_vocabulary(draft_vocabulary(self.trainer.datamodule.train_set, vocab, size))
 
     def unroll(self, batch):
-        """Per step j: (j, draft logits, target logits) at the supervised rows with a chain start t - j >= 0."""
-        ids, n = batch["input_ids"], batch["input_ids"].shape[1] - 2
+        """Per step j: (j, draft logits, teacher logits, labels) at the supervised rows with a chain start t - j >= 0.
+        The teacher is the target's LM head over the draft vocabulary at its cached last hidden state; the labels
+        are the data's tokens (the target's own greedy tokens on self-distilled data)."""
+        ids, n, hidden = batch["input_ids"], batch["input_ids"].shape[1] - 2, batch["hidden"]
         rows = batch["loss_mask"][:, 2:].nonzero(as_tuple=True)  # row t predicts token t+2
+        dtype = self.head.fc.weight.dtype
+        features = torch.cat([hidden[i][:, :n] for i in self.head.layers], dim=-1).to(dtype)
         with torch.no_grad():
-            out = self.backbone.model(input_ids=ids, attention_mask=batch["attention_mask"],
-                                      output_hidden_states=self.head.layers)
-            features = selected_hidden(out, self.head.layers)[:, :n]
-            embeds = self.backbone.get_input_embeddings()(ids[:, 1: n + 1])
-            target = self.backbone.get_output_embeddings()(out.last_hidden_state[:, 1: n + 1][rows]).float()
+            embeds = self.backbone.get_input_embeddings()(ids[:, 1: n + 1]).to(dtype)
+            lm_rows = self.backbone.get_output_embeddings().weight[self.head.d2t].to(dtype)
+            teacher = F.linear(hidden[-1][:, 1: n + 1][rows].to(dtype), lm_rows).float()
+        labels = ids[:, 2:][rows]
         fused = self.head.fuse(features)
         cache, positions = DynamicCache(), torch.arange(n, device=ids.device)[None]
         drafted = fused
@@ -105,30 +111,30 @@ class EagleModule(DrafterModule):
             drafted = self.head(inputs, embeds, attention_mask=ttt_mask(n, j).to(ids.device)[None, None],
                                 position_ids=positions, past_key_values=cache)
             keep = rows[1] >= j
-            yield j, self.head.lm_head(drafted[rows][keep]).float(), target[keep]
+            yield j, self.head.lm_head(drafted[rows][keep]).float(), teacher[keep], labels[keep]
 
-    def _cross_entropy(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """To the target's distribution over the draft vocabulary, on rows whose target top-1 is in it."""
-        in_vocab = (self.t2d[target.argmax(-1)] >= 0).float()
-        ce = -(target[:, self.head.d2t].softmax(-1) * logits.log_softmax(-1)).sum(-1)
+    def _cross_entropy(self, logits: torch.Tensor, teacher: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """To the teacher's distribution over the draft vocabulary, on rows whose label is in it."""
+        in_vocab = (self.t2d[labels] >= 0).float()
+        ce = -(teacher.softmax(-1) * logits.log_softmax(-1)).sum(-1)
         return (ce * in_vocab).sum() / in_vocab.sum().clamp(min=1)
 
     def training_step(self, batch, batch_idx):
         loss = 0.0
-        for j, logits, target in self.unroll(batch):
-            ce = self._cross_entropy(logits, target)
+        for j, logits, teacher, labels in self.unroll(batch):
+            ce = self._cross_entropy(logits, teacher, labels)
             loss = loss + self.decay**j * ce
-            top1 = (self.head.d2t[logits.argmax(-1)] == target.argmax(-1)).float().mean()
+            top1 = (self.head.d2t[logits.argmax(-1)] == labels).float().mean()
             self.log(f"train/pos{j + 1}_ce", ce)
-            self.log(f"train/pos{j + 1}_top1", top1, batch_size=len(target))
+            self.log(f"train/pos{j + 1}_top1", top1, batch_size=len(labels))
         self.log("train/loss", loss, prog_bar=True)
         return loss
 
     def validation_step(self, batch, batch_idx):
         total = 0.0
-        for j, logits, target in self.unroll(batch):
-            total = total + self.decay**j * self._cross_entropy(logits, target)
-            label = self.t2d[target.argmax(-1)]  # the target's top-1 as a draft id; -1: outside the draft vocabulary
+        for j, logits, teacher, labels in self.unroll(batch):
+            total = total + self.decay**j * self._cross_entropy(logits, teacher, labels)
+            label = self.t2d[labels]  # as a draft id; -1: outside the draft vocabulary
             if j == 0:
                 self.val_coverage.update((label >= 0).float())
             missing = logits.new_full((len(logits), 1), float("-inf"))  # ranks it last, beyond every draft token

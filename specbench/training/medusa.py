@@ -52,6 +52,8 @@ class MedusaModule(DrafterModule):
                                  causal.get_output_embeddings().weight.detach())
         self.decay, self.joint, self.lambda0, self.head_lr_mult, self.lm_loss = decay, joint, lambda0, head_lr_mult, lm_loss
         self.heads_warmup, self.lora = heads_warmup, dict(lora or {})
+        if not joint:  # Medusa-1: the frozen target's last hidden states come from the feature cache
+            self.hidden_states = (-1,)
         self.val_acc = RankAccuracy(num_heads)
 
     @property
@@ -59,6 +61,8 @@ class MedusaModule(DrafterModule):
         return self.causal[0].get_output_embeddings()
 
     def _hidden(self, batch, grad: bool) -> torch.Tensor:
+        if not self.joint:
+            return batch["hidden"][-1].to(self.heads.blocks[0][0].linear.weight.dtype)
         with torch.set_grad_enabled(grad):
             return self.causal[0].model(input_ids=batch["input_ids"],
                                         attention_mask=batch["attention_mask"]).last_hidden_state

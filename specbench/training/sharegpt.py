@@ -11,6 +11,7 @@ class Example:
 
     input_ids: list[int]
     loss_mask: list[bool]
+    row: int = -1  # its number in the FeatureStore that holds its hidden states (-1: none)
 
 
 def _template_len(tokenizer, messages: list[dict], add_generation_prompt: bool) -> int:
