@@ -101,8 +101,9 @@ def test_hw_cuda_without_a_gpu_stops_in_activate():
         hw.figure("peak_tflops")
 
 
-def test_bad_hw_input_ends_in_one_error_line_from_the_cli():
-    done = subprocess.run([sys.executable, "run.py", "task=hardware", "hw=jetson", "hw.partition=ring"], cwd=ROOT,
+def test_bad_hw_input_ends_in_one_error_line_from_the_cli(tmp_path):
+    done = subprocess.run([sys.executable, "run.py", "task=hardware", "hw=jetson", "hw.partition=ring",
+                           f"hydra.run.dir={tmp_path}"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     expect = "error: hw.partition='ring' is unknown; valid: gpu_only, megatron, hcmp"
