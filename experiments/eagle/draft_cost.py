@@ -21,6 +21,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from specbench.config import CONF_DIR, build
+from specbench.tasks._common import build_model
 from specbench.drafters.eagle import LEVEL_ROWS, EagleDrafter, EagleHead, feature_layers
 from specbench.hardware.measured.profiler import latency_profile
 from specbench.models.artifact import save_artifact
@@ -40,7 +41,7 @@ def main() -> None:
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="config", overrides=["method=eagle", "model=smollm2_135m"])
     data_cfg = cfg.method.train.data
-    target = build(cfg.model, dtype="bfloat16")
+    target = build_model(cfg.model, dtype="bfloat16")
     data = ShareGPTDataModule(target.tokenizer, data_cfg.num_conversations, data_cfg.num_val, data_cfg.max_length,
                               self_distill=OmegaConf.to_container(data_cfg.self_distill), generator=target,
                               cache_dir=cache_root() / "training")
