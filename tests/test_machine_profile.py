@@ -53,6 +53,28 @@ def grid_profile(ms: dict) -> MachineProfile:
     return MachineProfile({}, "cpu", "toy", PEAKS, frame)
 
 
+def test_a_quantised_execution_slower_at_both_ends_is_recorded_not_measured(tiny, measuring, monkeypatch):
+    """int8 weights made 3x slower than the float model at every size: one probe at the smallest and largest size,
+    then a reason in the profile instead of a curve; int4, as fast as float, is measured; a rerun measures nothing."""
+    from specbench.models.quantize import Int8Linear
+
+    def slow_int8(model, sizes, contexts, repeats, statistic):
+        frame = fake_latency(model, sizes, contexts, repeats, statistic)
+        return frame.assign(ms=frame["ms"] * 3) if any(isinstance(m, Int8Linear) for m in model.modules()) else frame
+
+    monkeypatch.setattr(machine_profile, "latency_profile", lambda *a, **k: measuring.append(a) or slow_int8(*a, **k))
+    formats = ["fp", "int8", "int4_g32"]
+    profile = load_or_measure_profile(tiny, dtypes=["float32"], sizes=SIZES, contexts=CONTEXTS, repeats=1,
+                                      backends=["eager"], weights=formats)
+    why = profile.machine["unsupported"]["eager/float32/int8"]
+    assert why.startswith("dominated: L(1) 35 ms, L(4) 44 ms at context 8") and "(12, 15 ms)" in why
+    assert set(profile.executions) == {("eager", "float32", "fp"), ("eager", "float32", "int4_g32")}
+    assert len(measuring) == 4  # fp's curve, int8's probe, int4's probe and curve
+    load_or_measure_profile(tiny, dtypes=["float32"], sizes=SIZES, contexts=CONTEXTS, repeats=1, backends=["eager"],
+                            weights=formats)
+    assert len(measuring) == 4  # the reason counts as known: nothing is measured again
+
+
 # --- the cache file ----------------------------------------------------------------------------------------------
 
 def test_a_truncated_profile_is_measured_again_with_a_one_line_notice(tiny, measuring, capsys):

@@ -320,7 +320,8 @@ def load_or_measure_profile(target: LoadedModel, dtypes=None, sizes=SIZES, conte
     profile taken on a busy machine can be told apart. Each execution is timed on a copy of the target quantised to
     its weights' format (fp, int8, int4_g<group>) and cast to its dtype: a forward's cost depends on those, not on
     the weights' values. An execution this machine cannot run (oneDNN packing bf16 without AVX-512, prepacked over
-    quantised layers) is recorded as unsupported, with the reason, rather than measured."""
+    quantised layers) is recorded as unsupported, with the reason, rather than measured; so is a quantised one that a
+    probe finds DOMINATED (_dominated)."""
     device = target.model.device
     dtypes, sizes, contexts = list(dtypes or default_dtypes(device)), list(sizes), list(contexts)
     backends, weights = list(backends or BACKENDS), list(weights)
@@ -345,6 +346,11 @@ def load_or_measure_profile(target: LoadedModel, dtypes=None, sizes=SIZES, conte
                     print(f"  {label}: not measured: {why}")
                     continue
                 run = with_backend(cast, backend)
+                why = _dominated(run.model, fmt, frames, sizes, contexts[0])
+                if why:
+                    unsupported[label] = why
+                    print(f"  {label}: not measured: {why}")
+                    continue
                 frame = latency_profile(run.model, sizes, contexts, repeats, statistic="min")
                 frames.append(frame.assign(backend=backend, dtype=name, weights=fmt))
                 stats = getattr(run.model, "compile_stats", None)
@@ -367,6 +373,26 @@ def load_or_measure_profile(target: LoadedModel, dtypes=None, sizes=SIZES, conte
         return profile
     write_atomic(path, profile.to_json())
     return profile
+
+
+DOMINATED = 2.0  # a quantised execution this many times slower than a measured one at both ends is not measured
+
+
+def _dominated(model, weights: str, frames: list[pd.DataFrame], sizes: list[int], context: int) -> str | None:
+    """Why a quantised execution need not be measured: one forward at the smallest and the largest size, both at least
+    DOMINATED x the fastest execution measured so far (quantised kernels that do not vectorise an activation dtype, as
+    int4 with fp32 activations on a CPU, take minutes to profile and can win nothing). Float executions are always
+    measured: they are the reference."""
+    if weights == "fp" or not frames:
+        return None
+    ends = [sizes[0], sizes[-1]] if len(sizes) > 1 else sizes
+    probe = latency_profile(model, ends, [context], repeats=1, statistic="min").set_index("tokens")["ms"]
+    measured = pd.concat(frames)
+    best = measured[measured["context"] == context].groupby("tokens")["ms"].min()
+    if all(n in best.index and probe[n] >= DOMINATED * best[n] for n in ends):
+        return ("dominated: " + ", ".join(f"L({n}) {probe[n]:.0f} ms" for n in ends) + f" at context {context}, at "
+                f"least {DOMINATED:g}x the fastest measured (" + ", ".join(f"{best[n]:.0f}" for n in ends) + " ms)")
+    return None
 
 
 def execution_label(backend: str, dtype: str, weights: str = "fp") -> str:
