@@ -16,7 +16,7 @@ from specbench.models.shape import named_shape
 from specbench.tasks import eval as eval_task
 from specbench.trees.hardware_aware import best_budget
 
-from .conftest import compose_cfg
+from .conftest import compose_cfg, random_medusa_artifact
 
 FAST = ["model=tiny_random", "eval.dtype=float32", "eval.num_prompts=4", "eval.max_new_tokens=24",
         "eval.profile_sizes=[1,2,4]", "eval.profile_repeats=1", "eval.warmup=0", "eval.memory_probe=false",
@@ -132,6 +132,22 @@ def test_a_rerun_with_other_settings_into_the_same_folder_is_refused_naming_the_
         eval_task.run(compose_cfg([*FAST, "eval.num_prompts=1", "tree.budget=5"], tmp_path))
     # more prompts, or another method, with the same settings: allowed
     eval_task.run(compose_cfg([*FAST, "eval.num_prompts=2", "eval.latency_profile=false"], tmp_path))
+
+
+def test_a_drafter_retrained_into_the_same_path_is_other_settings(tmp_path, tiny):
+    """The folder's records were decoded with the old heads: resuming with the new file at the same path would mix
+    two drafters under one label, so the rerun is refused naming the checkpoint's fingerprint."""
+    from safetensors.torch import load_file, save_file
+
+    art = random_medusa_artifact(tmp_path / "art" / "m.safetensors", tiny, [[0.5, 0.2]] * 3)
+    run = tmp_path / "run"
+    over = [*FAST, "method=medusa", f"method.checkpoint={art}", "tree.budget=8", "eval.num_prompts=1", "eval.latency_profile=false"]
+    eval_task.run(compose_cfg(over, run))
+    eval_task.run(compose_cfg(over, run))  # the same file: resumed
+    tensors = load_file(str(art))
+    save_file({k: v + 0.01 for k, v in tensors.items()}, str(art))  # retrained: same path and .json, other weights
+    with pytest.raises(SpecbenchError, match=r"methods\[medusa\]\.method\.checkpoint_fingerprint: '\w+' -> '\w+'"):
+        eval_task.run(compose_cfg(over, run))
 
 
 def test_a_tree_the_method_would_ignore_is_an_error(tmp_path):

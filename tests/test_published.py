@@ -484,3 +484,27 @@ def test_gpu_recipes_validate_with_the_users_paths(tmp_path, tiny):
                           f"checkpoints.draft={tmp_path / 'vicuna'}", f"dataset.path={questions}"], tmp_path))
     with pytest.raises(SpecbenchError, match="Missing mandatory value: checkpoints.medusa"):
         validate(compose_cfg(["experiment=gpu_medusa1_vicuna7b", paths[0]], tmp_path))
+
+
+def test_a_content_fingerprint_follows_the_content_not_the_name(tmp_path, monkeypatch):
+    """A published folder changes its fingerprint when any file changes, a large shard included (read by its ends
+    and size, not whole); an untouched copy elsewhere keeps it; a path with nothing is 'missing'."""
+    import shutil
+
+    from specbench.models.published import files
+
+    monkeypatch.setattr(files, "FULL_HASH_BYTES", 3 << 20)  # the 4 MiB shard below counts as large
+    folder = tmp_path / "medusa-published"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"medusa_num_heads": 2}))
+    shard = bytearray(4 << 20)
+    (folder / "model.safetensors").write_bytes(shard)
+    before = files.content_fingerprint(folder)
+    shutil.copytree(folder, tmp_path / "copy")
+    assert files.content_fingerprint(tmp_path / "copy") == before
+    shard[-1] = 1  # the last MiB of a large file is read
+    (folder / "model.safetensors").write_bytes(shard)
+    assert files.content_fingerprint(folder) != before
+    (tmp_path / "copy" / "config.json").write_text(json.dumps({"medusa_num_heads": 3}))
+    assert files.content_fingerprint(tmp_path / "copy") != before
+    assert files.content_fingerprint(tmp_path / "nothing.safetensors") == "missing"

@@ -287,3 +287,20 @@ def test_a_write_that_fails_leaves_the_old_file_whole(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         write_atomic(path, '{"new": 2}')
     assert path.read_text() == '{"old": 1}' and [p.name for p in tmp_path.iterdir()] == ["settings.json"]
+
+
+def test_a_rebuilt_datastore_at_the_same_path_is_other_settings(tmp_path):
+    """SSSD's settings hold what its datastore file holds now, so a run folder decoded with another datastore at
+    the same path is not resumed; a method that does not read it (sources=[input]) does not depend on it."""
+    store = tmp_path / "sharegpt.npz"
+    store.write_bytes(b"first build")
+    over = ["model=tiny_random", "method=sssd", f"datastore.path={store}"]
+
+    def settings(extra=()):
+        return resolve_entries(compose_cfg([*over, *extra], tmp_path))[0].settings()
+
+    before = settings()
+    assert before == settings() and before["method"]["datastore_fingerprint"] != "missing"
+    store.write_bytes(b"second build")
+    assert settings()["method"]["datastore_fingerprint"] != before["method"]["datastore_fingerprint"]
+    assert "datastore_fingerprint" not in settings(["method.drafter.sources=[input]"])["method"]

@@ -19,12 +19,14 @@ from hydra.utils import get_class
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from specbench.config import CONF_DIR, build
+from specbench.data.datastore import default_path
 from specbench.drafters.base import Drafter
 from specbench.errors import SpecbenchError
 from specbench.evaluation.hf_generate import HF_GENERATE
 from specbench.evaluation.metrics import BASELINE
 from specbench.models.backends import with_backend
 from specbench.models.loading import LoadedModel
+from specbench.models.published.files import content_fingerprint
 from specbench.trees.policy import TreePolicy
 
 PER_METHOD = ("method", "tree", "accept")  # the config nodes an entry owns; everything else is the run's
@@ -43,9 +45,17 @@ class MethodEntry:
         return self.cfg.method.name
 
     def settings(self) -> dict:
-        """What of this entry changes results (training recipes do not)."""
+        """What of this entry changes results (training recipes do not), with what its checkpoint and datastore hold
+        now: heads retrained, or a datastore rebuilt, at the same path are not what a folder's records were decoded
+        with."""
         out = {k: OmegaConf.to_container(self.cfg[k], resolve=True) for k in PER_METHOD}
         out["method"].pop("train", None)
+        if out["method"].get("checkpoint"):
+            out["method"]["checkpoint_fingerprint"] = content_fingerprint(out["method"]["checkpoint"])
+        drafter = out["method"].get("drafter") or {}
+        if "datastore" in (drafter.get("sources") or ()):
+            path = drafter.get("datastore") or default_path(self.cfg.model.name)
+            out["method"]["datastore_fingerprint"] = content_fingerprint(path)
         return out
 
 

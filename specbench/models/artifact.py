@@ -35,9 +35,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def _paths(path: str | Path) -> tuple[Path, Path]:
-    path = Path(path).expanduser()
-    if not path.is_absolute() and not path.exists() and (REPO_ROOT / path).exists():
-        path = REPO_ROOT / path  # shipped artifacts (artifacts/...) work from any working directory
+    path = resolve_checkpoint(path)
     if path.is_dir():
         found = sorted(path.glob("*.safetensors"))
         if len(found) != 1:
@@ -45,6 +43,14 @@ def _paths(path: str | Path) -> tuple[Path, Path]:
                                  f"method.checkpoint at exactly one drafter artifact (.safetensors with its .json)")
         path = found[0]
     return path.with_suffix(".safetensors"), path.with_suffix(".json")
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint path as given, or against the repo root (shipped artifacts work from any working directory)."""
+    path = Path(path).expanduser()
+    if not path.is_absolute() and not path.exists() and (REPO_ROOT / path).exists():
+        path = REPO_ROOT / path
+    return path
 
 
 def save_artifact(path: str | Path, method: str, target, arch: dict, tensors: dict[str, torch.Tensor],

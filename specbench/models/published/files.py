@@ -8,6 +8,7 @@ config.json beside a draft state dict is EAGLE's. Tensors are read from safetens
 
 from __future__ import annotations
 
+import hashlib
 import json
 import pickle
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from specbench.errors import SpecbenchError
-from specbench.models.artifact import FORMAT, REPO_ROOT
+from specbench.models.artifact import FORMAT, resolve_checkpoint
 
 LAYOUTS = ("Medusa: config.json with medusa_num_heads + medusa_lm_head.{safetensors,pt}; EAGLE/EAGLE-3: config.json + "
            "model.safetensors or pytorch_model.bin; PPD: adapter_config.json + adapter_model.{safetensors,bin}")
@@ -66,9 +67,7 @@ class Published:
 def resolve(path) -> Path:
     """A local path (relative ones also against the repo root), or a hub id's snapshot already in the local Hugging
     Face cache: nothing is downloaded here."""
-    path = Path(str(path)).expanduser()
-    if not path.is_absolute() and not path.exists() and (REPO_ROOT / path).exists():
-        path = REPO_ROOT / path
+    path = resolve_checkpoint(str(path))
     if not path.exists() and len(path.parts) == 2 and not str(path).startswith((".", "/", "~")):
         from huggingface_hub import snapshot_download
 
@@ -146,3 +145,35 @@ def read_tensors(path: Path, prefix: str = "") -> dict[str, torch.Tensor]:
         raise SpecbenchError(f"checkpoint '{path}' is not a state dict of tensors (a {type(state).__name__}); give "
                              f"the published weights file ({LAYOUTS})")
     return {k: v for k, v in state.items() if k.startswith(prefix)}
+
+
+FULL_HASH_BYTES = 256 << 20  # files up to this size are hashed whole; a published 7B shard by its ends and size
+
+
+def content_fingerprint(path: str | Path) -> str:
+    """A digest of what a checkpoint (or datastore) path holds now: a drafter retrained into the same path is other
+    settings, so a run folder's records of the old one are not resumed with it. A file is hashed with the .json a
+    drafter artifact has beside it; a folder
+    (a published layout) by every file's name, size and content (the first and last MiB of a file over
+    FULL_HASH_BYTES, so a 7B backbone is not read whole for its name); 'missing' when nothing is there."""
+    path = resolve(path)
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file())
+    else:
+        files = [p for p in (path.with_suffix(".safetensors"), path.with_suffix(".json"), path) if p.is_file()]
+        files = list(dict.fromkeys(files))
+    if not files:
+        return "missing"
+    digest = hashlib.sha1()
+    for file in files:
+        size = file.stat().st_size
+        digest.update(f"{file.relative_to(path) if path.is_dir() else file.name}:{size}:".encode())
+        with file.open("rb") as f:
+            if size <= FULL_HASH_BYTES:
+                while chunk := f.read(1 << 20):
+                    digest.update(chunk)
+            else:
+                digest.update(f.read(1 << 20))
+                f.seek(size - (1 << 20))
+                digest.update(f.read())
+    return digest.hexdigest()[:12]
