@@ -134,6 +134,18 @@ def test_a_rerun_with_other_settings_into_the_same_folder_is_refused_naming_the_
     eval_task.run(compose_cfg([*FAST, "eval.num_prompts=2", "eval.latency_profile=false"], tmp_path))
 
 
+def test_a_folder_resumed_on_another_machine_is_other_settings(tmp_path, monkeypatch):
+    """Another CPU's records would pair its timings (and its kernels' near-tie argmaxes) with this one's."""
+    from specbench.hardware.measured import machine
+
+    over = [*FAST, "eval.num_prompts=1", "eval.latency_profile=false"]
+    eval_task.run(compose_cfg(over, tmp_path))
+    here = machine.identity()
+    monkeypatch.setattr(machine, "identity", lambda info=None: here | {"cpu_capability": "OTHER"})
+    with pytest.raises(SpecbenchError, match=rf"machine\.cpu_capability: '{here['cpu_capability']}' -> 'OTHER'"):
+        eval_task.run(compose_cfg(over, tmp_path))
+
+
 def test_a_drafter_retrained_into_the_same_path_is_other_settings(tmp_path, tiny):
     """The folder's records were decoded with the old heads: resuming with the new file at the same path would mix
     two drafters under one label, so the rerun is refused naming the checkpoint's fingerprint."""

@@ -113,9 +113,10 @@ def _one_token_forwards(model, prompt, path):
 @pytest.mark.parametrize("weights,group_size", FORMATS)
 def test_a_tree_verify_of_the_quantised_target_equals_its_one_token_forwards(tiny, weights, group_size, dtype):
     """Each node's logits from one tree forward (4D tree mask, explicit positions) equal the logits of the quantised
-    target decoding that node's path one token at a time: bitwise in bf16 (the linears are row-invariant and so, here,
-    is the rest); in fp32 transformers' attention sums a many-row and a one-row product in other orders (up to
-    ~1e-8 apart, measured with hooks), so there the test asks for the same argmax within 1e-5."""
+    target decoding that node's path one token at a time, within the activations' rounding and with the same argmax.
+    The linears are row-invariant bitwise (the kernel test above); the rest is not on every CPU: transformers'
+    attention sums a many-row and a one-row product in other orders (fp32: ~1e-8 apart, measured with hooks), and in
+    bf16 that is bitwise on an AVX-512 Zen 4 but one bf16 step (2^-7 relative) apart on an AVX2 EPYC."""
     quant = with_dtype(with_weights(tiny, weights, group_size), dtype).model
     prompt = torch.arange(10, 30)[None]
     tree = TokenTree(torch.tensor([5, 7, 9, 11, 13]), torch.tensor([-1, 0, 0, 1, 3]))  # two branches, depth 3
@@ -123,10 +124,8 @@ def test_a_tree_verify_of_the_quantised_target_equals_its_one_token_forwards(tin
     refs = [_one_token_forwards(quant, prompt, tree.tokens[tree.path_to(node)]) for node in range(len(tree))]
     refs.append(_one_token_forwards(quant, prompt, torch.tensor([5, 7, 11, 13])))
     for got, ref in zip([*logits, after[0]], refs):
-        if dtype == "bfloat16":
-            assert torch.equal(got, ref)
-        else:
-            assert torch.allclose(got, ref, atol=1e-5) and got.argmax() == ref.argmax()
+        rtol, atol = (2 ** -6, 2 ** -6) if dtype == "bfloat16" else (0.0, 1e-5)
+        assert torch.allclose(got, ref, rtol=rtol, atol=atol) and got.argmax() == ref.argmax()
 
 
 def _decode(model, drafter, tiny, prompt, tokens=32):

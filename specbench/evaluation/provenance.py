@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from specbench.errors import SpecbenchError
 from specbench.evaluation.evaluator import backbone_reference
-from specbench.hardware.measured.machine import machine_info
+from specbench.hardware.measured import machine
 from specbench.reporting.store import RECORDS_FILE, RecordStore, run_folder_lock, write_atomic
 
 SETTINGS_FILE = "settings.json"
@@ -32,14 +32,15 @@ NOT_RESULT_KEYS = {"num_prompts", "warmup", "latency_profile", "profile_sizes", 
 
 def shared_settings(cfg: DictConfig, dtype: str, backend: str, weights: str = "fp") -> dict:
     """The run-wide settings that change a prompt's result: model, backend and weights, dtype (all auto resolved)
-    and decoding settings, data, hw."""
+    and decoding settings, data, hw, and the machine (a folder resumed elsewhere would pair one machine's timings, and
+    its kernels' near-tie argmaxes, with another's)."""
     eval_cfg = {k: v for k, v in OmegaConf.to_container(cfg.eval, resolve=True).items() if k not in NOT_RESULT_KEYS}
     eval_cfg["dtype"] = dtype
     dataset = {k: v for k, v in OmegaConf.to_container(cfg.dataset, resolve=True).items() if k != "num_prompts"}
     model = OmegaConf.to_container(cfg.model, resolve=True) | {"backend": backend, "weights": weights}
     return {"model": model, "eval": eval_cfg, "dataset": dataset,
             "sampling": OmegaConf.to_container(cfg.sampling, resolve=True), "seed": cfg.seed,
-            "hw": OmegaConf.to_container(cfg.hw, resolve=True)}
+            "hw": OmegaConf.to_container(cfg.hw, resolve=True), "machine": machine.identity()}
 
 
 def settings_hash(shared: dict, method: dict) -> str:
@@ -180,4 +181,4 @@ def provenance(cfg: DictConfig, dtype: str, backend: str, weights: str = "fp") -
     auto resolved)."""
     return {"model": cfg.model.name, "dtype": dtype, "backend": backend, "weights": weights, "hw": cfg.hw.name,
             "dataset": cfg.dataset.name,
-            **machine_info(), "git_commit": git_commit()}
+            **machine.machine_info(), "git_commit": git_commit()}

@@ -36,8 +36,13 @@ def machine_info() -> dict:
     return {**_static_facts(), "threads": torch.get_num_threads()}
 
 
-def fingerprint(info: dict | None = None) -> str:
-    """A short hash of machine_info(): profiles measured under one fingerprint are reused only under it."""
+def identity(info: dict | None = None) -> dict:
+    """The facts that change a timing or, through kernels' summation orders, a logit: a profile or a run folder made
+    under other ones is another machine's."""
     info = info or machine_info()
-    keys = ("cpu_model", "cpu_capability", "threads", "gpu_name", "torch_version")
-    return hashlib.sha1(json.dumps({k: info[k] for k in keys}, sort_keys=True).encode()).hexdigest()[:12]
+    return {k: info[k] for k in ("cpu_model", "cpu_capability", "threads", "gpu_name", "torch_version")}
+
+
+def fingerprint(info: dict | None = None) -> str:
+    """A short hash of identity(): profiles measured under one fingerprint are reused only under it."""
+    return hashlib.sha1(json.dumps(identity(info), sort_keys=True).encode()).hexdigest()[:12]
