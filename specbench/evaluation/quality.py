@@ -189,8 +189,11 @@ def pass_at_1(executed: pd.DataFrame, records: pd.DataFrame, seed: int = 0) -> p
         info = first.loc[method] if method in first.index else None
         if info is not None and bool(info["lossless_rule"]) and float(info["temperature"]) == 0:
             ref = info.get("reference") if isinstance(info.get("reference"), str) else BASELINE
-            same_model = ref in first.index and info.get("model") == first.loc[ref].get("model")
-            if ref != method and ref in verdicts and same_model:  # a tuned backbone promises nothing about the original
+            # a tuned backbone, or plain decoding in another dtype or weight format, is another target: it promises
+            # nothing about the reference's tokens
+            same_target = ref in first.index and all(info.get(k) == first.loc[ref].get(k)
+                                                     for k in ("model", "dtype", "weights"))
+            if ref != method and ref in verdicts and same_target:
                 pair = pd.concat([passed, verdicts[ref]], axis=1, join="inner")
                 row["pass1_lossless"] = bool(len(pair) == n and (pair.iloc[:, 0] == pair.iloc[:, 1]).all())
         rows.append(row)
