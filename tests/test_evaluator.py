@@ -153,7 +153,8 @@ def test_a_drafter_retrained_into_the_same_path_is_other_settings(tmp_path, tiny
 
     art = random_medusa_artifact(tmp_path / "art" / "m.safetensors", tiny, [[0.5, 0.2]] * 3)
     run = tmp_path / "run"
-    over = [*FAST, "method=medusa", f"method.checkpoint={art}", "tree.budget=8", "eval.num_prompts=1", "eval.latency_profile=false"]
+    over = [*FAST, "method=medusa", f"method.checkpoint={art}", "tree.budget=8", "eval.num_prompts=1",
+            "eval.latency_profile=false"]
     eval_task.run(compose_cfg(over, run))
     eval_task.run(compose_cfg(over, run))  # the same file: resumed
     tensors = load_file(str(art))

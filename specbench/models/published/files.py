@@ -153,9 +153,9 @@ FULL_HASH_BYTES = 256 << 20  # files up to this size are hashed whole; a publish
 def content_fingerprint(path: str | Path) -> str:
     """A digest of what a checkpoint (or datastore) path holds now: a drafter retrained into the same path is other
     settings, so a run folder's records of the old one are not resumed with it. A file is hashed with the .json a
-    drafter artifact has beside it; a folder
-    (a published layout) by every file's name, size and content (the first and last MiB of a file over
-    FULL_HASH_BYTES, so a 7B backbone is not read whole for its name); 'missing' when nothing is there."""
+    drafter artifact has beside it; a folder (a published layout) by every file's name, size and content (the first
+    and last MiB of a file over FULL_HASH_BYTES, so a 7B backbone is not read whole for its name); 'missing' when
+    nothing is there."""
     path = resolve(path)
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file())
