@@ -11,6 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from hydra.utils import instantiate
+from omegaconf import OmegaConf
 from transformers import DynamicCache
 
 from specbench.acceptance.exact import ExactAcceptance
@@ -21,6 +22,8 @@ from specbench.drafters.base import DecodeState
 from specbench.drafters.autoregressive import AutoregressiveDrafter
 from specbench.drafters.eagle import LEVEL_ROWS, ROOT_ROWS, EagleDrafter, EagleHead, feature_layers
 from specbench.errors import SpecbenchError
+from specbench.evaluation.methods import build_drafter
+from specbench.models.backends import PackedLinear
 from specbench.models.artifact import load_artifact, save_artifact
 from specbench.sampling import SamplingParams
 from specbench.tasks.train import train
@@ -370,3 +373,17 @@ def test_hardware_aware_sizes_the_tree_by_the_target_and_the_drafters_own_cost(t
     assert blind == 24 > want  # without the drafter's cost the whole table looks free
     for prompt in PROMPTS:
         assert decode(target, drafter, prompt).tokens == decode(target, AutoregressiveDrafter(), prompt).tokens
+
+
+def test_the_head_runs_on_the_runs_backend_and_drafts_as_on_eager(target, artifacts):
+    """build_drafter hands the head to the run's backend (prepacked: oneDNN-packed linears, not eager GEMMs that
+    repack every call); its drafts are the eager head's, so decoding stays lossless with the same accept lengths."""
+    cfg = OmegaConf.create({"_target_": "specbench.drafters.eagle.EagleDrafter", "checkpoint": str(artifacts["fused"])})
+    packed = build_drafter(cfg, target, DynamicPolicy(budget=11, top_k=3, depth=4), backend="prepacked")
+    assert isinstance(packed.head.fc, PackedLinear) and isinstance(packed.head.lm_head, PackedLinear)
+    eager = EagleDrafter(target, DynamicPolicy(budget=11, top_k=3, depth=4), str(artifacts["fused"]))
+    assert isinstance(eager.head.fc, torch.nn.Linear)
+    for prompt in PROMPTS:
+        got, want = decode(target, packed, prompt), decode(target, eager, prompt)
+        assert got.tokens == want.tokens == decode(target, AutoregressiveDrafter(), prompt).tokens
+        assert got.accept_lengths == want.accept_lengths

@@ -119,6 +119,11 @@ class EagleDrafter(Drafter):
         self.generator: torch.Generator | None = None  # policies sample children when this is set
         self.cache = DynamicCache()
 
+    def on_backend(self, run_on) -> None:
+        """The head runs on the run's backend, as the target does: eager bf16 linears repack their weights on every
+        call, a fifth of EAGLE's drafting time (17.0 -> 13.6 ms a step prepacked, dynamic tree, Zen 4)."""
+        self.head = run_on(LoadedModel("eagle-head", self.head, tokenizer=None, source="the drafter's head")).model
+
     def prefill_extras(self, prompt: TokenTree) -> tuple[torch.Tensor, torch.Tensor]:
         """No extra rows, but an (empty) answer: a drafter with prefill extras observes the prefill as a step, which
         hands it the target's features at every prompt position (a plain prefill keeps only the last one)."""

@@ -97,14 +97,15 @@ def with_backend(target: LoadedModel, backend: str, fuse: bool = True) -> Loaded
         raise SpecbenchError(f"the model already runs on backend '{target.backend}'; apply '{backend}' to the "
                              f"eager model")
     model = target.model
-    reason = supported(backend, model.dtype, model.device)
+    weight = next(model.parameters())  # a drafter's head is a plain nn.Module, without a model's .dtype and .device
+    reason = supported(backend, weight.dtype, weight.device)
     if reason:
-        raise SpecbenchError(f"model.backend={backend} cannot run {model.dtype} here: {reason}; use eager or "
+        raise SpecbenchError(f"model.backend={backend} cannot run {weight.dtype} here: {reason}; use eager or "
                              f"another dtype")
     if backend == "prepacked":
         model = _prepacked(model, fuse)
     else:
-        model = _compiled(model)
+        model = _compiled(model, weight.device)
     return dataclasses.replace(target, model=model, backend=backend)
 
 
@@ -115,12 +116,12 @@ def _prepacked(model: nn.Module, fuse: bool = True) -> nn.Module:
     return replace_linears(fuse_projections(model) if fuse else model, PackedLinear)
 
 
-def _compiled(model: nn.Module) -> nn.Module:
+def _compiled(model: nn.Module, device: torch.device) -> nn.Module:
     clone = copy.copy(model)  # only its forward is replaced
     # Each call signature (prefill, a tree verify, with or without hidden states), a one-token step and a cropped
     # cache's strides get a graph of their own before dynamo generalises; more than its default limit of 8.
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-    compiled = torch.compile(model.forward, dynamic=True, options={"freezing": model.device.type == "cpu"})
+    compiled = torch.compile(model.forward, dynamic=True, options={"freezing": device.type == "cpu"})
     stats = Compiled()
 
     def forward(*args, **kwargs):
