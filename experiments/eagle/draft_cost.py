@@ -36,9 +36,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[2048, 6144, 16384, 49152])
     parser.add_argument("--context", type=int, default=192)
-    parser.add_argument("--rounds", type=int, default=5, help="alternating measurements per backend (the fastest is kept)")
+    parser.add_argument("--rounds", type=int, default=5,
+                        help="alternating measurements per backend, the fastest kept (a whole number >= 1)")
     parser.add_argument("--out", type=Path, default=Path("experiments/eagle/draft_cost.csv"))
     args = parser.parse_args()
+    if args.rounds < 1:  # 0 rounds would leave every size without its timings
+        parser.error(f"--rounds {args.rounds} is invalid: give a whole number >= 1")
     torch.manual_seed(0)
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="config", overrides=["method=eagle", "model=smollm2_135m"])

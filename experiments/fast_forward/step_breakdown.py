@@ -73,6 +73,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--out", type=Path, default=Path("experiments/fast_forward/step_breakdown.csv"))
     args = parser.parse_args()
+    for flag, values in (("--repeats", [args.repeats]), ("--contexts", args.contexts)):
+        if min(values) < 1:  # no step to take the fastest of, or no cache to decode over
+            parser.error(f"{flag} {min(values)} is invalid: give whole numbers >= 1")
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="config", overrides=["model=smollm2_135m"])
     base = build_model(cfg.model, dtype="float32")
