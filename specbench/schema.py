@@ -33,6 +33,7 @@ from specbench.errors import SpecbenchError
 from specbench.evaluation.methods import resolve_entries
 from specbench.evaluation.precision import parse_execution
 from specbench.evaluation.quality import check_quality
+from specbench.models.attention import check_attention
 from specbench.models.backends import AUTO, BACKENDS, RUN_KEYS, check_backend
 from specbench.models.loading import DTYPES, check_model_path
 from specbench.models.quantize import FORMATS, check_weights
@@ -306,6 +307,8 @@ def _check_inputs(cfg: DictConfig) -> None:
     model = cfg.get("model")
     if model is not None and model.get("backend") is not None:
         check_backend(model.backend)
+    if model is not None and model.get("attention") is not None:
+        check_attention(model.attention)
     if model is not None and model.get("weights") is not None:
         check_weights(model.weights, model.get("group_size", 32))
     for text in OmegaConf.select(cfg, "eval.plain_executions") or []:

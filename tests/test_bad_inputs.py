@@ -85,6 +85,7 @@ CASES = [
     (["model.hidden_size=abc"], "model.hidden_size='abc' is invalid: it must be an integer"),
     (["model.chat_template=abc"], "model.chat_template='abc' is invalid: it must be true or false"),
     (["model.backend=abc"], "model.backend='abc' is unknown"),
+    (["model.attention=flash"], "model.attention='flash' is unknown; valid choices: auto, sdpa, eager"),
     (["hw.num_threads=abc"], "hw.num_threads='abc' is invalid: it must be an integer or null"),
     (["tree.budget=abc"], "tree.budget='abc' is invalid: it must be an integer"),
     (["tree=dynamic", "tree.top_k=abc"], "tree.top_k='abc' is invalid: it must be an integer"),

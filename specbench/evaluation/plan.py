@@ -31,6 +31,7 @@ from specbench.evaluation.provenance import settings_hash as hash_of
 from specbench.hardware.measured.machine_profile import MachineProfile, execution_label, load_or_measure_profile
 from specbench.hardware.modelled.roofline import roofline_step_time
 from specbench.hardware.modelled.spec import MEASURED, HardwareSpec
+from specbench.models.attention import attention_tag
 from specbench.models.backends import check_backend, check_profile_backends, with_backend
 from specbench.models.loading import LoadedModel, with_dtype
 from specbench.models.quantize import FORMATS, check_weights, format_name, with_weights
@@ -124,7 +125,7 @@ def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Pat
     if cfg.eval.hf_generate:
         per_method[HF_GENERATE] = {"method": {"name": HF_GENERATE}, "dtype": fast_d, "backend": "eager",
                                    "weights": fast_w}
-    shared = shared_settings(cfg, execution.dtype, execution.backend, execution.weights)
+    shared = shared_settings(cfg, execution.dtype, execution.backend, execution.weights, attention_tag(loaded))
     check_and_save_settings(out, shared, per_method)
     hashes = {label: hash_of(shared, m) for label, m in per_method.items()}
 

@@ -30,14 +30,16 @@ NOT_RESULT_KEYS = {"num_prompts", "warmup", "latency_profile", "profile_sizes", 
                    "plain_executions", "quality"}
 
 
-def shared_settings(cfg: DictConfig, dtype: str, backend: str, weights: str = "fp") -> dict:
-    """The run-wide settings that change a prompt's result: model, backend and weights, dtype (all auto resolved)
+def shared_settings(cfg: DictConfig, dtype: str, backend: str, weights: str = "fp", attention: str = "sdpa") -> dict:
+    """The run-wide settings that change a prompt's result: model, backend, weights, attention (attention_tag), dtype
+    (all auto resolved)
     and decoding settings, data, hw, and the machine (a folder resumed elsewhere would pair one machine's timings, and
     its kernels' near-tie argmaxes, with another's)."""
     eval_cfg = {k: v for k, v in OmegaConf.to_container(cfg.eval, resolve=True).items() if k not in NOT_RESULT_KEYS}
     eval_cfg["dtype"] = dtype
     dataset = {k: v for k, v in OmegaConf.to_container(cfg.dataset, resolve=True).items() if k != "num_prompts"}
-    model = OmegaConf.to_container(cfg.model, resolve=True) | {"backend": backend, "weights": weights}
+    model = OmegaConf.to_container(cfg.model, resolve=True) | {"backend": backend, "weights": weights,
+                                                               "attention": attention}
     return {"model": model, "eval": eval_cfg, "dataset": dataset,
             "sampling": OmegaConf.to_container(cfg.sampling, resolve=True), "seed": cfg.seed,
             "hw": OmegaConf.to_container(cfg.hw, resolve=True), "machine": machine.identity()}

@@ -28,7 +28,7 @@ BACKENDS = ("eager", "prepacked", "compile")
 AUTO = "auto"
 # keys of a `model` config that say how the loaded model runs: the task applies them after loading (and after the
 # machine profile has chosen), so they are no arguments of the loaders
-RUN_KEYS = ("backend", "weights", "group_size")
+RUN_KEYS = ("backend", "weights", "group_size", "attention")
 
 
 def check_backend(name: str) -> None:

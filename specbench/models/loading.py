@@ -32,6 +32,7 @@ class LoadedModel:
     chat_template: bool = True  # wrap prompts in the tokenizer's chat template (instruct models)
     backend: str = "eager"  # how forwards run (models/backends.py); with_dtype and drafters see the same model
     weights: str = "fp"  # fp (as loaded), int8 or int4_g<group> (models/quantize.py): a quantised target is its own
+    attention: str = "sdpa"  # sdpa, eager or auto: SDPA up to a measured context, eager from it (models/attention.py)
 
     @property
     def eos_token_ids(self) -> list[int]:

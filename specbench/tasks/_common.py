@@ -12,7 +12,9 @@ from specbench.config import build
 from specbench.errors import SpecbenchError
 from specbench.evaluation.precision import AUTO
 from specbench.hardware.measured import with_measurements
+from specbench.hardware.measured.attention import eager_windows
 from specbench.hardware.modelled.spec import HardwareSpec
+from specbench.models.attention import with_attention
 from specbench.models.backends import RUN_KEYS
 from specbench.models.loading import LoadedModel
 
@@ -43,11 +45,14 @@ def build_model(model_cfg, **kwargs) -> LoadedModel:
 
 def setup_target(cfg, dtype: str | None = None) -> tuple[HardwareSpec, LoadedModel]:
     """The hardware spec (its device checked and activated) and the target in `dtype` (default: load_dtype), on the
-    eager backend: a task casts it first and then applies model.backend (training needs eager's backward)."""
+    eager backend, with model.attention set: a task casts it first and then applies model.backend (training needs
+    eager's backward)."""
     hw = build_hw(cfg)
     device = hw.activate()
     torch.manual_seed(cfg.seed)
     target = build_model(cfg.model, dtype=dtype or load_dtype(cfg), device=str(device))
+    attention = cfg.model.get("attention", "sdpa")
+    target = with_attention(target, attention, eager_windows(target.model) if attention == "auto" else None)
     check_context(cfg.eval.max_new_tokens, target)
     return hw, target
 

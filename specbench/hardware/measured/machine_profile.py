@@ -28,6 +28,7 @@ from specbench.hardware.measured.machine import fingerprint, machine_info
 from specbench.hardware.measured.profiler import latency_profile
 from specbench.hardware.modelled.roofline import roofline_step_time
 from specbench.hardware.modelled.spec import HardwareSpec
+from specbench.models.attention import attention_tag
 from specbench.models.backends import BACKENDS, supported, with_backend
 from specbench.models.loading import LoadedModel, cache_root, torch_dtype, with_dtype
 from specbench.models.quantize import Int4Linear, Int8Linear, with_weights
@@ -325,7 +326,8 @@ def load_or_measure_profile(target: LoadedModel, dtypes=None, sizes=SIZES, conte
     device = target.model.device
     dtypes, sizes, contexts = list(dtypes or default_dtypes(device)), list(sizes), list(contexts)
     backends, weights = list(backends or BACKENDS), list(weights)
-    path = profile_path(target.name, device)
+    tag = attention_tag(target)  # the attention kernel changes L(n, context): a profile is measured under one
+    path = profile_path(target.name if tag == "sdpa" else f"{target.name}-attention_{tag}", device)
     cached = _read_cached(path, MachineProfile.from_json) if path.exists() else None
     if cached is not None and cached.covers(dtypes, sizes, contexts, backends, weights):
         return cached

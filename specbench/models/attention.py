@@ -1,0 +1,91 @@
+"""Which attention kernel a forward runs: transformers' SDPA, its eager attention, or each where this machine runs it
+faster (`model.attention=auto`: the key counts where eager wins, measured by hardware/measured/attention.py).
+
+Why: SDPA's CPU kernel in bfloat16 with one query row cost 17 ms a step over 1,024 cached tokens on a Zen 4, where
+transformers' eager attention (matmul, softmax, matmul) cost 3.6; at 128 tokens SDPA was the faster, and from about
+1,800 again (eager's larger buffers start to cost more than its arithmetic saves). So auto runs eager in windows of
+key counts. It is one attention function registered with transformers' AttentionInterface (and SDPA's mask function
+under the same name): no model file is forked. It dispatches on the number of keys alone, so plain decoding and a
+tree verify at the same context run the same kernel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from specbench.errors import SpecbenchError
+from specbench.models.loading import LoadedModel
+
+ATTENTIONS = ("auto", "sdpa", "eager")
+SWITCHED = "specbench_switch"  # the registered name: eager in the model's windows of key counts, SDPA elsewhere
+Windows = list[list]  # [[from keys, to keys or None (no end)], ...]: eager runs where from <= keys < to
+
+
+def check_attention(name: str) -> None:
+    if name not in ATTENTIONS:
+        raise SpecbenchError(f"model.attention='{name}' is unknown; valid choices: {', '.join(ATTENTIONS)}")
+
+
+def eager_forward(module: torch.nn.Module):
+    """The model file's own eager attention function (every transformers decoder defines one beside its layer)."""
+    return sys.modules[type(module).__module__].eager_attention_forward
+
+
+def additive_mask(mask: torch.Tensor | None, query: torch.Tensor, key: torch.Tensor) -> torch.Tensor | None:
+    """SDPA's mask (boolean, or None for causal) as the additive one eager attention adds to its scores, built as
+    transformers' eager_mask builds it (0 where visible, the dtype's minimum elsewhere)."""
+    rows, keys = query.shape[-2], key.shape[-2]
+    if mask is None:
+        if rows == 1:  # one query row sees every key
+            return None
+        mask = torch.ones(rows, keys, dtype=torch.bool, device=query.device).tril(keys - rows)[None, None]
+    if mask.dtype != torch.bool:
+        return mask
+    zero = torch.zeros((), dtype=query.dtype, device=query.device)
+    return torch.where(mask, zero, torch.finfo(query.dtype).min)
+
+
+def runs_eager(windows: Windows, keys: int) -> bool:
+    return any(start <= keys and (stop is None or keys < stop) for start, stop in windows)
+
+
+def switched_attention(module, query, key, value, attention_mask, **kwargs):
+    """The model's eager attention inside its windows for the query's dtype, SDPA elsewhere."""
+    if not runs_eager(module.config.eager_windows.get(str(query.dtype).removeprefix("torch."), []), key.shape[-2]):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+    return eager_forward(module)(module, query, key, value, additive_mask(attention_mask, query, key), **kwargs)
+
+
+AttentionInterface.register(SWITCHED, switched_attention)
+AttentionMaskInterface.register(SWITCHED, sdpa_mask)
+
+
+def with_attention(target: LoadedModel, attention: str, windows: dict[str, Windows] | None = None) -> LoadedModel:
+    """target with its attention set in place (every view and cast copy made later shares it): 'sdpa', 'eager', or
+    'auto' with `windows`: per dtype name, the key counts where eager runs."""
+    check_attention(attention)
+    if attention == "auto":
+        if windows is None:
+            raise SpecbenchError("model.attention=auto needs the measured eager windows "
+                                 "(hardware.measured.attention.eager_windows)")
+        target.model.config.eager_windows = {d: [list(w) for w in ws] for d, ws in windows.items()}
+        target.model.set_attn_implementation(SWITCHED)
+    else:
+        target.model.set_attn_implementation(attention)
+    return dataclasses.replace(target, attention=attention)
+
+
+def attention_tag(target: LoadedModel) -> str:
+    """What target's attention runs, for run settings and profile names: 'sdpa', 'eager', or each dtype's eager
+    windows ('bfloat16_eager384-1536'); auto that never switches is 'sdpa', as it runs."""
+    if target.attention != "auto":
+        return target.attention
+    windows = target.model.config.eager_windows
+    return ",".join(f"{d}_eager" + "+".join(f"{a}-{'' if b is None else b}" for a, b in w)
+                    for d, w in sorted(windows.items()) if w) or "sdpa"
