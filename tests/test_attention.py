@@ -23,8 +23,11 @@ from specbench.verification import verify_tree
 from .test_verification import random_tree
 
 
-def switched(windows: list):
-    """A fresh fp32 tiny model (the same weights as every other) that runs eager attention in `windows`."""
+def switched(windows: list | str):
+    """A fresh fp32 tiny model (the same weights as every other) that runs eager attention in `windows` ('eager':
+    model.attention=eager, at every key count)."""
+    if windows == "eager":
+        return with_attention(tiny_random(dtype="float32"), "eager")
     return with_attention(tiny_random(dtype="float32"), "auto", {"float32": windows, "bfloat16": windows})
 
 
@@ -40,13 +43,13 @@ def test_eager_runs_between_measured_contexts_where_it_won_at_both_ends():
 
 
 @torch.inference_mode()
-@pytest.mark.parametrize("windows", [[[1, None]], [[9, None]], [[5, 12], [24, 30]]])
+@pytest.mark.parametrize("windows", [[[1, None]], [[9, None]], [[5, 12], [24, 30]], "eager"])
 def test_switched_attention_gives_sdpas_logits_in_prefill_decode_and_tree_verify(windows):
-    """Before, across and after the switch: a causal prefill (no mask: eager needs one built), one-token steps and a
-    tree verify (a 4D boolean mask: eager needs it additive) equal SDPA's logits."""
+    """Before, across and after the switch, and with model.attention=eager: a causal prefill (no mask: eager needs
+    one built), one-token steps and a tree verify (a 4D boolean mask: eager needs it additive) equal SDPA's logits."""
     ref, model = tiny_random(dtype="float32").model, switched(windows).model
     assert model.config._attn_implementation == "specbench_switch"
-    rng = random.Random(len(windows) + windows[0][0])
+    rng = random.Random(len(windows) + (windows[0][0] if windows != "eager" else 0))
     vocab = ref.config.vocab_size
     for trial in range(6):
         prefix = torch.tensor([[rng.randrange(vocab) for _ in range(rng.randint(4, 20))]])

@@ -20,7 +20,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from specbench.errors import SpecbenchError
-from specbench.models.loading import LoadedModel
+from specbench.models.loading import DTYPES, LoadedModel
 
 ATTENTIONS = ("auto", "sdpa", "eager")
 SWITCHED = "specbench_switch"  # the registered name: eager in the model's windows of key counts, SDPA elsewhere
@@ -68,16 +68,22 @@ AttentionMaskInterface.register(SWITCHED, sdpa_mask)
 
 def with_attention(target: LoadedModel, attention: str, windows: dict[str, Windows] | None = None) -> LoadedModel:
     """target with its attention set in place (every view and cast copy made later shares it): 'sdpa', 'eager', or
-    'auto' with `windows`: per dtype name, the key counts where eager runs."""
+    'auto' with `windows`: per dtype name, the key counts where eager runs.
+
+    'eager' is the switch with one window over every key count, not transformers' own 'eager': that adds a 4D mask
+    to the scores as it is given, so a boolean tree mask came out as +1/0 and every tree verify was wrong (0 of 10
+    SSSD answers equal to plain decoding in fp32); the switch makes the mask additive first."""
     check_attention(attention)
-    if attention == "auto":
-        if windows is None:
-            raise SpecbenchError("model.attention=auto needs the measured eager windows "
-                                 "(hardware.measured.attention.eager_windows)")
-        target.model.config.eager_windows = {d: [list(w) for w in ws] for d, ws in windows.items()}
-        target.model.set_attn_implementation(SWITCHED)
-    else:
-        target.model.set_attn_implementation(attention)
+    if attention == "sdpa":
+        target.model.set_attn_implementation("sdpa")
+        return dataclasses.replace(target, attention=attention)
+    if attention == "eager":
+        windows = {dtype: [[0, None]] for dtype in DTYPES}
+    elif windows is None:
+        raise SpecbenchError("model.attention=auto needs the measured eager windows "
+                             "(hardware.measured.attention.eager_windows)")
+    target.model.config.eager_windows = {d: [list(w) for w in ws] for d, ws in windows.items()}
+    target.model.set_attn_implementation(SWITCHED)
     return dataclasses.replace(target, attention=attention)
 
 
