@@ -70,7 +70,7 @@ class Decoder:
         self._check_prompt(prompt_ids)
         prompt_len = len(prompt_ids)
         generator = torch.Generator().manual_seed(self.seed)
-        cache = DynamicCache()
+        cache = DynamicCache(config=self.model.config)  # every layer up front: a compiled forward sees one cache
         want_hidden = self.drafter.needs_hidden_states
 
         timer = self.timer

@@ -12,6 +12,7 @@ from specbench.drafters.pld import PromptLookupDrafter
 from specbench.errors import SpecbenchError
 from specbench.models.backends import PackedLinear, supported, with_backend
 from specbench.models.loading import with_dtype
+from specbench.models.quantize import with_weights
 from specbench.sampling import SamplingParams
 from specbench.trees.native import NativePolicy
 from specbench.trees.token_tree import TokenTree
@@ -176,3 +177,27 @@ def test_a_bad_list_of_backends_to_profile_is_refused_before_any_model_loads(tas
     with pytest.raises(SpecbenchError, match="eval.profile_backends=.* is invalid: give one or more of eager, "
                                              "prepacked, compile"):
         importlib.import_module(f"specbench.tasks.{task}").run(cfg)
+
+
+def test_a_compiled_quantised_target_decodes_in_two_graphs_and_stays_lossless(tiny):
+    """Fused projections trace (dynamo skips their memo; the graph's CSE merges the repeated GEMM), a prefill runs
+    eager, and cached tensors are made contiguous before each compiled call, so a whole decode, accepted drafts and
+    rejected ones (crops) included, compiles two graphs: the one-token step and the multi-row verify. Speculation on
+    the compiled target equals its plain decoding and the eager quantised target's."""
+    quant = with_weights(tiny, "int8")
+    compiled = with_backend(quant, "compile")
+
+    def decode(model, drafter, prompt):
+        return Decoder(model, drafter, ExactAcceptance(), SamplingParams(), 32, tiny.eos_token_ids,
+                       max_context=tiny.max_context).generate(prompt)
+
+    accepted = 0
+    for text in ["the cat sat on the mat and the cat sat on the hat", "abc abc abc abd abc", "hello world " * 6]:
+        prompt = tiny.tokenizer(text)["input_ids"]
+        eager = decode(quant.model, AutoregressiveDrafter(), prompt).tokens
+        plain = decode(compiled.model, AutoregressiveDrafter(), prompt).tokens
+        pld = decode(compiled.model, PromptLookupDrafter(compiled, NativePolicy(11)), prompt)
+        assert pld.tokens == plain == eager
+        accepted += sum(s.accepted for s in pld.steps)
+    assert accepted > 0
+    assert compiled.model.compile_stats.graphs == 2

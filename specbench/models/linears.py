@@ -71,6 +71,8 @@ class FusedProjection(nn.Module):
         return view
 
     def outputs(self, x: torch.Tensor, part: int) -> torch.Tensor:
+        if torch.compiler.is_compiling():  # dynamo cannot trace the memo; the graph's CSE merges the repeated GEMM
+            return self.linear(x).split(self.sizes, dim=-1)[part]
         memo, version = self._memo, _version(x)
         if memo is None or memo[0] is not x or memo[1] != version or part not in memo[3]:
             memo = (x, version, self.linear(x).split(self.sizes, dim=-1), set(range(len(self.sizes))))
