@@ -141,3 +141,13 @@ def test_a_sweep_plots_each_method_and_dataset_against_the_swept_budget(tmp_path
     assert len(legend) == 12 and "autoregressive" not in legend  # plain decoding is the line at 1, not a method
     assert sorted(fig.axes[0].get_xticks()) == [4, 8, 16]
     plots.plt.close(fig)
+
+
+def test_the_speedup_axis_names_the_fastest_plain_decodings_weights():
+    """A quantised target is an execution of its own: 'compile/bfloat16' alone would name the float model."""
+    table = pd.DataFrame({"method": ["autoregressive", "pld"], "fastest_ar": ["autoregressive"] * 2,
+                          "backend": ["compile"] * 2, "dtype": ["bfloat16"] * 2, "weights": ["int4_g32"] * 2,
+                          "speedup": [1.0, 0.9], "tau": [1.0, 1.3]})
+    assert plots._fastest(table) == "autoregressive, compile/bfloat16/int4_g32"
+    assert plots._fastest(table.assign(weights="fp")) == "autoregressive, compile/bfloat16"
+    assert plots._fastest(table.drop(columns="weights")) == "autoregressive, compile/bfloat16"  # older summaries

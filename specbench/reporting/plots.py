@@ -363,7 +363,9 @@ def _fastest(table: pd.DataFrame) -> str:
     names = list(dict.fromkeys(table["fastest_ar"].dropna())) if "fastest_ar" in table else []
     if len(names) == 1 and {"backend", "dtype"} <= set(table) and (table["method"] == names[0]).any():
         row = table[table["method"] == names[0]].iloc[0]  # name its execution: which plain decoding was fastest
-        return f"{names[0]}, {row['backend']}/{row['dtype']}"
+        weights = row.get("weights", "fp")  # a quantised target is an execution of its own: name its weights
+        return f"{names[0]}, {row['backend']}/{row['dtype']}" + ("" if weights in ("fp", None) or pd.isna(weights)
+                                                                   else f"/{weights}")
     return ", ".join(map(str, names)) or BASELINE
 
 
