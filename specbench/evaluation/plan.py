@@ -28,11 +28,11 @@ from specbench.evaluation.metrics import BASELINE, EAGER_REFERENCE
 from specbench.evaluation.precision import AUTO, ExecutionPlan, check_dtype, parse_execution, plan
 from specbench.evaluation.provenance import check_and_save_settings, shared_settings
 from specbench.evaluation.provenance import settings_hash as hash_of
-from specbench.hardware.measured.machine_profile import MachineProfile, execution_label, load_or_measure_profile
+from specbench.hardware.measured.machine_profile import MachineProfile, load_or_measure_profile
 from specbench.hardware.modelled.roofline import roofline_step_time
 from specbench.hardware.modelled.spec import MEASURED, HardwareSpec
 from specbench.models.attention import attention_tag
-from specbench.models.backends import check_backend, check_profile_backends, with_backend
+from specbench.models.backends import check_backend, check_profile_backends, execution_label, with_backend
 from specbench.models.loading import LoadedModel, with_dtype
 from specbench.models.quantize import FORMATS, check_weights, format_name, with_weights
 from specbench.models.shape import ModelShape

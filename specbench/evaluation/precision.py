@@ -16,10 +16,9 @@ from specbench.errors import SpecbenchError
 from specbench.hardware.measured.machine_profile import (
     MachineProfile,
     choose_execution,
-    execution_label,
     fastest_plain,
 )
-from specbench.models.backends import AUTO, BACKENDS, check_backend
+from specbench.models.backends import AUTO, BACKENDS, check_backend, execution_label
 from specbench.models.loading import DTYPES
 from specbench.models.quantize import FORMATS, GROUP_SIZES, format_name, split_format
 

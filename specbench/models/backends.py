@@ -46,6 +46,11 @@ def check_profile_backends(names) -> list[str]:
     return names
 
 
+def execution_label(backend: str, dtype: str, weights: str = "fp") -> str:
+    """backend/dtype, and /weights after them for a quantised target: how profiles and notices name an execution."""
+    return f"{backend}/{dtype}" + ("" if weights == "fp" else f"/{weights}")
+
+
 def supported(backend: str, dtype: torch.dtype, device: torch.device) -> str | None:
     """None when `backend` can run `dtype` on `device`, else why not (one line)."""
     check_backend(backend)

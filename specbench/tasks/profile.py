@@ -16,14 +16,13 @@ from specbench.evaluation.plan import run_weights
 from specbench.hardware.measured.machine_profile import (
     as_spec,
     choose_execution,
-    execution_label,
     fastest_plain,
     load_or_measure_profile,
     roofline_error,
 )
 from specbench.hardware.measured.profiler import latency_profile, weight_streaming
 from specbench.hardware.modelled.plots import profile_vs_roofline
-from specbench.models.backends import AUTO, check_backend, check_profile_backends, with_backend
+from specbench.models.backends import AUTO, check_backend, check_profile_backends, execution_label, with_backend
 from specbench.models.loading import LoadedModel, with_dtype
 from specbench.models.quantize import agreement, with_weights
 from specbench.models.shape import ModelShape

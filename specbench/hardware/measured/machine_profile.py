@@ -29,7 +29,7 @@ from specbench.hardware.measured.profiler import latency_profile
 from specbench.hardware.modelled.roofline import roofline_step_time
 from specbench.hardware.modelled.spec import HardwareSpec
 from specbench.models.attention import attention_tag
-from specbench.models.backends import BACKENDS, supported, with_backend
+from specbench.models.backends import BACKENDS, execution_label, supported, with_backend
 from specbench.models.loading import LoadedModel, cache_root, torch_dtype, with_dtype
 from specbench.models.quantize import Int4Linear, Int8Linear, with_weights
 from specbench.models.quantize import supported as weights_supported
@@ -395,11 +395,6 @@ def _dominated(model, weights: str, frames: list[pd.DataFrame], sizes: list[int]
         return ("dominated: " + ", ".join(f"L({n}) {probe[n]:.0f} ms" for n in ends) + f" at context {context}, at "
                 f"least {DOMINATED:g}x the fastest measured (" + ", ".join(f"{best[n]:.0f}" for n in ends) + " ms)")
     return None
-
-
-def execution_label(backend: str, dtype: str, weights: str = "fp") -> str:
-    """backend/dtype, and /weights after them for a quantised target: how profiles and notices name an execution."""
-    return f"{backend}/{dtype}" + ("" if weights == "fp" else f"/{weights}")
 
 
 def busy(machine: dict) -> bool:
