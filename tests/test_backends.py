@@ -1,6 +1,9 @@
 """Execution backends run the same model: tree verification matches one-token forwards on every backend, greedy
 speculative decoding equals plain decoding on it, and its output equals the eager backend's in fp32."""
 
+import copy
+import dataclasses
+
 import pytest
 import torch
 from transformers import DynamicCache
@@ -201,3 +204,27 @@ def test_a_compiled_quantised_target_decodes_in_two_graphs_and_stays_lossless(ti
         accepted += sum(s.accepted for s in pld.steps)
     assert accepted > 0
     assert compiled.model.compile_stats.graphs == 2
+
+
+def test_compile_freezes_the_weights_into_its_graphs(tiny):
+    """On CPU the compiled forward runs inductor's freezing: the weights become constants of the graph (packed once),
+    so a weight changed after compiling changes nothing there, while the eager model sees it. Freezing only finds the
+    weights when dynamo installs them on the graph (prepare_freezing); without that they stayed graph inputs and
+    nothing was packed. The last layer's MLP is changed, which the prefill's cache does not depend on."""
+    target = dataclasses.replace(tiny, model=copy.deepcopy(tiny.model))
+    compiled = with_backend(target, "compile").model
+    ids = torch.tensor([tiny.tokenizer("the cat sat on the mat")["input_ids"]])
+    cache = DynamicCache(config=target.model.config)
+    with torch.inference_mode():
+        compiled(input_ids=ids[:, :-1], past_key_values=cache, use_cache=True)  # the prefill runs eager
+
+        def step(model):
+            logits = model(input_ids=ids[:, -1:], past_key_values=cache, use_cache=True).logits
+            cache.crop(-1)
+            return logits
+
+        before, eager_before = step(compiled), step(target.model)
+        target.model.model.layers[-1].mlp.down_proj.weight.mul_(0)
+        after, eager_after = step(compiled), step(target.model)
+    assert not torch.equal(eager_before, eager_after)  # the change matters to a forward that reads the weights
+    assert torch.equal(before, after)
