@@ -14,7 +14,9 @@ from specbench.errors import SpecbenchError
 from specbench.hardware.measured import machine_profile
 from specbench.hardware.measured.machine import fingerprint
 from specbench.hardware.measured.machine_profile import (
+    MEASURED_BY,
     MachineProfile,
+    code_digest,
     load_or_measure_profile,
     measured_peaks,
     profile_path,
@@ -223,3 +225,16 @@ def test_monotone_measurements_are_read_as_before():
     for n, c in [(4, 128), (8, 576), (64, 2048), (100, 500), (16, 4096)]:
         assert p.latency_ms("float32", n, c) == pytest.approx(50 + 2 * n + c / 100)
     assert math.isclose(p.latency_ms("float32", 1, 128), 53.28)
+
+
+def test_a_profile_cached_by_other_measuring_code_is_not_read(tmp_path):
+    """The cache name holds a digest of the code that runs and times the forwards: after a change to a backend (a
+    compiled forward that now freezes its weights), the old profile's numbers are not what this code gives."""
+    source = tmp_path / "backend.py"
+    source.write_text("freeze = False\n")
+    before = code_digest([source])
+    source.write_text("freeze = True\n")
+    assert code_digest([source]) != before
+    assert code_digest() == code_digest([m.__file__ for m in MEASURED_BY])
+    assert code_digest() in profile_path("m", "cpu").name
+    assert machine_profile.backends in MEASURED_BY and machine_profile.profiler in MEASURED_BY

@@ -2,7 +2,8 @@
 a backend (models/backends.py), the activations' dtype and the weights' format (fp, int8, int4_g<group>:
 models/quantize.py).
 
-Measured once per machine fingerprint (machine.py) and model, cached as JSON under the specbench cache, and read
+Measured once per machine fingerprint (machine.py), model and version of the code that runs and times the forwards
+(`code_digest`), cached as JSON under the specbench cache, and read
 by hw=cpu / hw=cuda (their `measured` figures) and by the evaluator (the dtype choice, L(n) for tree budgets).
 The cache decides every later run's dtype and backend, so it is written atomically and checked when read: a file cut
 short, missing a key or holding an impossible number is measured again, with a one-line notice.
@@ -11,6 +12,7 @@ short, missing a key or holding an impossible number is measured again, with a o
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -24,10 +26,12 @@ import torch
 from transformers import DynamicCache
 
 from specbench.errors import SpecbenchError
+from specbench.hardware.measured import profiler
 from specbench.hardware.measured.machine import fingerprint, machine_info
 from specbench.hardware.measured.profiler import latency_profile
 from specbench.hardware.modelled.roofline import roofline_step_time
 from specbench.hardware.modelled.spec import HardwareSpec
+from specbench.models import attention, backends, linears, quantize
 from specbench.models.attention import attention_tag
 from specbench.models.backends import BACKENDS, execution_label, supported, with_backend
 from specbench.models.loading import LoadedModel, cache_root, torch_dtype, with_dtype
@@ -310,8 +314,22 @@ def _end_slope(xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
     return np.maximum.accumulate((ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
 
 
+# The modules whose code decides what a profiled forward costs: a profile cached by another version of them (say,
+# a compiled backend before its weights were frozen) would steer every later run by numbers this code no longer gives.
+MEASURED_BY = (backends, quantize, linears, attention, profiler)
+
+
+def code_digest(files=None) -> str:
+    """Short hash of the source of `files` (default: the modules of MEASURED_BY), part of a profile's cache name."""
+    paths = files if files is not None else [m.__file__ for m in MEASURED_BY]
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(Path(path).read_bytes())
+    return digest.hexdigest()[:10]
+
+
 def profile_path(model_name: str, device: torch.device | str) -> Path:
-    return profile_dir() / f"{fingerprint()}-{torch.device(device).type}-{model_name}.json"
+    return profile_dir() / f"{fingerprint()}-{code_digest()}-{torch.device(device).type}-{model_name}.json"
 
 
 def load_or_measure_profile(target: LoadedModel, dtypes=None, sizes=SIZES, contexts=CONTEXTS,
