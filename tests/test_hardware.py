@@ -346,7 +346,8 @@ def test_profile_is_measured_once_and_then_loaded(tiny, cache, monkeypatch):
     assert (profile.latency["ms"] > 0).all() and profile.peaks == FAKE_PEAKS
     assert len(profile.machine["loadavg_1min"]) == 2  # how busy the machine was, kept with the numbers
     assert next(tiny.model.parameters()).dtype == torch.float32  # the target itself was not cast
-    path = cache / "profiles" / f"{fingerprint()}-cpu-{tiny.name}.json"
+    path = machine_profile.profile_path(tiny.name, "cpu")
+    assert path.parent == cache / "profiles" and path.name.endswith(f"-cpu-{tiny.name}.json")
     assert path.exists()
     monkeypatch.setattr(machine_profile, "latency_profile", lambda *a, **k: pytest.fail("measured again"))
     again = load_or_measure_profile(tiny, dtypes=["float32", "bfloat16"], sizes=[4], contexts=[16],
