@@ -238,3 +238,13 @@ def test_a_profile_cached_by_other_measuring_code_is_not_read(tmp_path):
     assert code_digest() == code_digest([m.__file__ for m in MEASURED_BY])
     assert code_digest() in profile_path("m", "cpu").name
     assert machine_profile.backends in MEASURED_BY and machine_profile.profiler in MEASURED_BY
+
+
+def test_peaks_are_read_from_a_cached_model_profile_whatever_code_measured_it(tmp_path, monkeypatch):
+    """Peaks are the machine's: a model's cached profile (named with a code digest) serves them without measuring."""
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    monkeypatch.setattr(machine_profile, "measure_peaks", lambda device: pytest.fail("measured again"))
+    path = profile_path("m", "cpu").with_name(f"{fingerprint()}-0123456789-cpu-m.json")  # another code version
+    path.parent.mkdir()
+    path.write_text(json.dumps({"peaks": PEAKS}))
+    assert measured_peaks("cpu") == PEAKS

@@ -12,8 +12,9 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from specbench.errors import SpecbenchError
 from specbench.hardware.measured.machine import fingerprint, machine_info
-from specbench.hardware.measured.machine_profile import (_best_seconds, _read_cached, default_dtypes, profile_dir,
-                                                         write_atomic)
+from specbench.hardware.measured.machine_profile import (_best_seconds, _read_cached, code_digest, default_dtypes,
+                                                         profile_dir, write_atomic)
+from specbench.models import attention as model_attention
 from specbench.models.attention import Windows, eager_forward
 from specbench.models.loading import torch_dtype
 
@@ -68,7 +69,9 @@ def eager_windows(model: torch.nn.Module, dtypes=None) -> dict[str, Windows]:
     limit = getattr(cfg, "max_position_embeddings", None) or max(CONTEXTS)
     contexts = [c for c in CONTEXTS if c <= limit]
     shape = f"{cfg.num_attention_heads}x{cfg.num_key_value_heads}x{cfg.hidden_size}"
-    path = profile_dir() / f"{fingerprint()}-{device.type}-attention-{shape}.json"
+    # named by the code that times the two kernels, as the machine profile is (code_digest)
+    digest = code_digest([__file__, model_attention.__file__])
+    path = profile_dir() / f"{fingerprint()}-{digest}-{device.type}-attention-{shape}.json"
     cached = _read_cached(path, _windows_of_file) if path.exists() else None
     if cached is not None and all(d in cached for d in dtypes):
         return {d: cached[d] for d in dtypes}

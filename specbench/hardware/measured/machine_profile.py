@@ -125,7 +125,8 @@ def measured_peaks(device: torch.device | str) -> dict:
     """This machine's peaks from its newest valid cached profile (of any model), else measured now and cached."""
     device = torch.device(device)
     root, fp = profile_dir(), fingerprint()
-    for path in sorted(root.glob(f"{fp}-{device.type}-*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
+    # peaks are the machine's, whatever code measured a profile: any code digest (profile_path) will do
+    for path in sorted(root.glob(f"{fp}-*{device.type}-*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
         peaks = _read_cached(path, _peaks_of)
         if peaks is not None:
             return peaks
@@ -320,7 +321,8 @@ MEASURED_BY = (backends, quantize, linears, attention, profiler)
 
 
 def code_digest(files=None) -> str:
-    """Short hash of the source of `files` (default: the modules of MEASURED_BY), part of a profile's cache name."""
+    """Short hash of the source of `files` (default: the modules of MEASURED_BY), part of a cached measurement's
+    name (the profile here, the attention windows in attention.py)."""
     paths = files if files is not None else [m.__file__ for m in MEASURED_BY]
     digest = hashlib.sha256()
     for path in paths:
