@@ -110,6 +110,7 @@ class TrainDataSchema:
     num_val: int = setting(low=0)
     max_length: int = setting(low=2)
     batch_size: int = setting(low=1)
+    num_workers: int = setting(low=0)
     self_distill: Optional[dict] = setting()
 
 

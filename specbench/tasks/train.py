@@ -37,13 +37,19 @@ def make_logger(cfg: DictConfig, run_dir: Path):
     return build(cfg.logger, save_dir=str(run_dir))
 
 
-def _curves(cfg: DictConfig, run_dir: Path) -> TrainingCurves:
+def trainer_device(cfg: DictConfig) -> str:
+    """What the trainer computes on, for the plot: the GPU's name, or the CPU's capability (AVX512, AVX2, ...)."""
+    if str(cfg.trainer.get("accelerator", "cpu")) in ("gpu", "cuda", "auto") and torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    return f"CPU {torch.backends.cpu.get_cpu_capability()}"
+
+
+def _curves(cfg: DictConfig, run_dir: Path, device: str) -> TrainingCurves:
     """plots/training_curves.png: loss, held-out per-position accuracy and tau_sim over the steps."""
     data = cfg.method.train.data
     source = "human-written" if data.self_distill is None else "self-distilled"
-    caption = (f"{cfg.model.name} | hw {cfg.hw.name} | trainer precision {cfg.trainer.precision} | "
-               f"{data.num_conversations} {source} ShareGPT conversations ({data.num_val} held out) | "
-               f"{torch.backends.cpu.get_cpu_capability()}")
+    caption = (f"{cfg.model.name} | trained on {device} | trainer precision {cfg.trainer.precision} | "
+               f"{data.num_conversations} {source} ShareGPT conversations ({data.num_val} held out)")
     return TrainingCurves(run_dir / "plots" / "training_curves", f"{cfg.method.name} drafter training", caption)
 
 
@@ -57,20 +63,24 @@ def train(cfg: DictConfig, run_dir: Path, callbacks: list | None = None) -> dict
     target = build_model(cfg.model, dtype=tcfg.dtype)
     extra = {"tokenizer": target.tokenizer} if get_class(tcfg.module._target_).needs_tokenizer else {}
     module = build(tcfg.module, backbone=target.model, **extra)
-    generator = None
-    if tcfg.data.self_distill is not None:
-        sd_dtype = tcfg.data.self_distill.dtype
-        generator = target if sd_dtype == tcfg.dtype else build_model(cfg.model, dtype=sd_dtype)
-    data = ShareGPTDataModule(target.tokenizer, tcfg.data.num_conversations, tcfg.data.num_val,
-                              tcfg.data.max_length, tcfg.data.batch_size,
-                              None if tcfg.data.self_distill is None else OmegaConf.to_container(tcfg.data.self_distill),
-                              generator, cache_root() / "training")
     ckpt_dir = run_dir / "checkpoints"
     checkpoint = ModelCheckpoint(dirpath=str(ckpt_dir), save_last=True, save_top_k=1,
                                  every_n_train_steps=tcfg.checkpoint_every_n_steps)
     trainer = build(cfg.trainer, default_root_dir=str(run_dir), max_epochs=tcfg.epochs,
-                          max_steps=tcfg.max_steps, logger=make_logger(cfg, run_dir),
-                          callbacks=[checkpoint, _curves(cfg, run_dir), *(callbacks or [])])
+                    max_steps=tcfg.max_steps, logger=make_logger(cfg, run_dir),
+                    callbacks=[checkpoint, _curves(cfg, run_dir, trainer_device(cfg)), *(callbacks or [])])
+    generator = None
+    if tcfg.data.self_distill is not None:
+        sd_dtype = tcfg.data.self_distill.dtype
+        generator = target if sd_dtype == tcfg.dtype else build_model(cfg.model, dtype=sd_dtype)
+        # the target writes its answers (and their features) where the drafter trains: prepare_data runs before
+        # Lightning moves the module, so on a GPU trainer the generation would otherwise run on the CPU
+        generator.model.to(trainer.strategy.root_device)
+    data = ShareGPTDataModule(target.tokenizer, tcfg.data.num_conversations, tcfg.data.num_val,
+                              tcfg.data.max_length, tcfg.data.batch_size,
+                              None if tcfg.data.self_distill is None else OmegaConf.to_container(tcfg.data.self_distill),
+                              generator, cache_root() / "training",
+                              num_workers=OmegaConf.select(tcfg, "data.num_workers", default=0))
     resume = ckpt_dir / "last.ckpt"
     start = time.time()
     trainer.fit(module, data, ckpt_path=str(resume) if resume.exists() else None)

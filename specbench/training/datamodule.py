@@ -27,7 +27,7 @@ from specbench.training.sharegpt import Example, format_conversation
 class ShareGPTDataModule(L.LightningDataModule):
     def __init__(self, tokenizer, num_conversations: int = 256, num_val: int = 32, max_length: int = 512,
                  batch_size: int = 4, self_distill: dict | None = None, generator=None,
-                 cache_dir: str | Path | None = None) -> None:
+                 cache_dir: str | Path | None = None, num_workers: int = 0) -> None:
         super().__init__()
         if num_conversations <= num_val or num_val < 1:
             raise SpecbenchError(f"train.data needs 1 <= num_val < num_conversations, got num_val={num_val}, "
@@ -38,6 +38,10 @@ class ShareGPTDataModule(L.LightningDataModule):
         self.max_length, self.batch_size = max_length, batch_size
         self.self_distill = None if self_distill is None else dict(self_distill)
         self.generator, self.cache_dir = generator, cache_dir
+        if not isinstance(num_workers, int) or num_workers < 0:
+            raise SpecbenchError(f"train.data.num_workers={num_workers!r} is invalid: give an integer >= 0 (0 reads "
+                                 f"batches in the training process)")
+        self.num_workers = num_workers  # on a GPU the batches' feature rows are read beside the steps
         self.store: FeatureStore | None = None
         pad = tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else tokenizer.eos_token_id
@@ -132,8 +136,12 @@ class ShareGPTDataModule(L.LightningDataModule):
             out["hidden"] = hidden
         return out
 
+    def _loader(self, examples: list[Example], shuffle: bool) -> DataLoader:
+        return DataLoader(examples, batch_size=self.batch_size, shuffle=shuffle, collate_fn=self.collate,
+                          num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
+
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.train_set, batch_size=self.batch_size, shuffle=True, collate_fn=self.collate)
+        return self._loader(self.train_set, shuffle=True)
 
     def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val_set, batch_size=self.batch_size, collate_fn=self.collate)
+        return self._loader(self.val_set, shuffle=False)
