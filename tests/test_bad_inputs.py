@@ -101,6 +101,8 @@ CASES = [
                                             "<= 10000"),
     (["task=train", "method=medusa", "method.train.epochs=abc"], "method.train.epochs='abc' is invalid"),
     (["task=train", "method=medusa", "method.train.module.lr=abc"], "method.train.module.lr='abc' is invalid"),
+    (["task=train", "method=eagle", "method.train.data.num_workers=-1"],
+     "method.train.data.num_workers=-1 is invalid: it must be an integer >= 0"),
     (["task=calibrate", "+calibration.depth=abc"], "calibration.depth='abc' is invalid: it must be an integer"),
 ]
 
