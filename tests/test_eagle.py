@@ -375,6 +375,23 @@ def test_hardware_aware_sizes_the_tree_by_the_target_and_the_drafters_own_cost(t
         assert decode(target, drafter, prompt).tokens == decode(target, AutoregressiveDrafter(), prompt).tokens
 
 
+@pytest.mark.parametrize("faster", ["eager", "prepacked"])
+def test_under_an_eager_run_the_head_drafts_on_whichever_backend_times_faster(faster, target, artifacts, monkeypatch):
+    """An eager run (an int4 target's) would leave the head's float linears repacking on every call: on_backend times
+    the eager head against a packed one and keeps the faster. The timing is forced here; the drafts do not change."""
+    def timed(self, cache, n):
+        return 1.0 if isinstance(self.head.fc, PackedLinear) == (faster == "prepacked") else 2.0
+
+    monkeypatch.setattr(EagleDrafter, "_expand_once_ms", timed)
+    cfg = OmegaConf.create({"_target_": "specbench.drafters.eagle.EagleDrafter", "checkpoint": str(artifacts["fused"])})
+    drafter = build_drafter(cfg, target, DynamicPolicy(budget=11, top_k=3, depth=4), backend="eager")
+    assert isinstance(drafter.head.fc, PackedLinear) == (faster == "prepacked")
+    assert isinstance(drafter.head.lm_head, PackedLinear) == (faster == "prepacked")
+    monkeypatch.undo()
+    for prompt in PROMPTS:
+        assert decode(target, drafter, prompt).tokens == decode(target, AutoregressiveDrafter(), prompt).tokens
+
+
 def test_the_head_runs_on_the_runs_backend_and_drafts_as_on_eager(target, artifacts):
     """build_drafter hands the head to the run's backend (prepacked: oneDNN-packed linears, not eager GEMMs that
     repack every call); its drafts are the eager head's, so decoding stays lossless with the same accept lengths."""

@@ -69,8 +69,9 @@ def main() -> None:
                                  {k: v.to(torch.bfloat16) if v.is_floating_point() else v
                                   for k, v in head.state_dict().items()}, metrics={"rank_accuracy": [[0.5]]})
             drafters = {backend: EagleDrafter(target, dynamic, str(path)) for backend in backends}
-        for backend, drafter in drafters.items():
-            drafter.on_backend(lambda model: with_backend(model, backend))  # noqa: B023 (called at once)
+        for backend, drafter in drafters.items():  # eager: the head as built (on_backend would time it against packed)
+            if backend != "eager":
+                drafter.on_backend(lambda model: with_backend(model, backend))  # noqa: B023 (called at once)
         # EAGLE-2's default tree: the root's forward, then depth - 1 deeper levels of top_k nodes each
         tree = [[0] * d + [k] for d in range(dynamic.depth) for k in range(dynamic.top_k)]
         params = sum(p.numel() for p in drafters["eager"].head.parameters())
