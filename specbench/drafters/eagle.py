@@ -131,16 +131,16 @@ class EagleDrafter(Drafter):
         if ran.backend != "eager" or supported("prepacked", weight.dtype, weight.device) is not None:
             self.head = ran.model
             return
-        eager, packed = ran.model, with_backend(head, "prepacked").model
-        caches, best = {}, {}
-        for model in (eager, packed):
-            self.head = model
-            caches[id(model)], best[id(model)] = self._cost_cache(), float("inf")
+        heads, caches = (ran.model, with_backend(head, "prepacked").model), []
+        for model in heads:
+            self.head = model  # the timing helpers read self.head
+            caches.append(self._cost_cache())
+        best = [float("inf")] * len(heads)
         for _ in range(COST_REPEATS):  # alternating, each keeping its fastest round: this VM's timings drift
-            for model in (eager, packed):
+            for i, model in enumerate(heads):
                 self.head = model
-                best[id(model)] = min(best[id(model)], self._expand_once_ms(caches[id(model)], ROOT_ROWS))
-        self.head = min((eager, packed), key=lambda model: best[id(model)])
+                best[i] = min(best[i], self._expand_once_ms(caches[i], ROOT_ROWS))
+        self.head = heads[best.index(min(best))]
         self._level_ms = None  # draft_ms measures the head that drafts
 
     def prefill_extras(self, prompt: TokenTree) -> tuple[torch.Tensor, torch.Tensor]:

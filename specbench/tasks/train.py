@@ -37,20 +37,19 @@ def make_logger(cfg: DictConfig, run_dir: Path):
     return build(cfg.logger, save_dir=str(run_dir))
 
 
-def trainer_device(cfg: DictConfig) -> str:
+def device_label(device: torch.device) -> str:
     """What the trainer computes on, for the plot: the GPU's name, or the CPU's capability (AVX512, AVX2, ...)."""
-    if str(cfg.trainer.get("accelerator", "cpu")) in ("gpu", "cuda", "auto") and torch.cuda.is_available():
-        return torch.cuda.get_device_name()
-    return f"CPU {torch.backends.cpu.get_cpu_capability()}"
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU {torch.backends.cpu.get_cpu_capability()}" if device.type == "cpu" else device.type
 
 
-def _curves(cfg: DictConfig, run_dir: Path, device: str) -> TrainingCurves:
-    """plots/training_curves.png: loss, held-out per-position accuracy and tau_sim over the steps."""
+def _caption(cfg: DictConfig, device: str) -> str:
+    """The training curve's caption: model, where it trained, precision and data."""
     data = cfg.method.train.data
     source = "human-written" if data.self_distill is None else "self-distilled"
-    caption = (f"{cfg.model.name} | trained on {device} | trainer precision {cfg.trainer.precision} | "
-               f"{data.num_conversations} {source} ShareGPT conversations ({data.num_val} held out)")
-    return TrainingCurves(run_dir / "plots" / "training_curves", f"{cfg.method.name} drafter training", caption)
+    return (f"{cfg.model.name} | trained on {device} | trainer precision {cfg.trainer.precision} | "
+            f"{data.num_conversations} {source} ShareGPT conversations ({data.num_val} held out)")
 
 
 def train(cfg: DictConfig, run_dir: Path, callbacks: list | None = None) -> dict:
@@ -66,9 +65,12 @@ def train(cfg: DictConfig, run_dir: Path, callbacks: list | None = None) -> dict
     ckpt_dir = run_dir / "checkpoints"
     checkpoint = ModelCheckpoint(dirpath=str(ckpt_dir), save_last=True, save_top_k=1,
                                  every_n_train_steps=tcfg.checkpoint_every_n_steps)
+    # plots/training_curves.png: loss, held-out per-position accuracy and tau_sim over the steps
+    curves = TrainingCurves(run_dir / "plots" / "training_curves", f"{method} drafter training", caption="")
     trainer = build(cfg.trainer, default_root_dir=str(run_dir), max_epochs=tcfg.epochs,
                     max_steps=tcfg.max_steps, logger=make_logger(cfg, run_dir),
-                    callbacks=[checkpoint, _curves(cfg, run_dir, trainer_device(cfg)), *(callbacks or [])])
+                    callbacks=[checkpoint, curves, *(callbacks or [])])
+    curves.caption = _caption(cfg, device_label(trainer.strategy.root_device))  # the device Lightning resolved
     generator = None
     if tcfg.data.self_distill is not None:
         sd_dtype = tcfg.data.self_distill.dtype
