@@ -217,11 +217,11 @@ def test_auto_dtype_picks_the_cheapest_verify_and_names_the_fastest_plain_decodi
     profile = hand_made_profile(fast_small="bfloat16", fast_large="float32")
     wide = plan("auto", "eager", profile, tree_size=16, context=256)
     assert wide.dtype == "float32" and wide.fastest_ar == ("eager", "bfloat16", "fp")  # 65 vs 255 ms at n=16; 30 vs 51 at n=1
-    assert "float32" in wide.reason and "bfloat16" in wide.reason and wide.fastest_ar_label == "bfloat16"
+    assert "float32" in wide.reason and "bfloat16" in wide.reason and wide.label_of(wide.fastest_ar) == "bfloat16"
     assert plan("auto", "auto", profile, tree_size=1, context=256).dtype == "bfloat16"
     assert plan("float32", "eager", profile, 16, 256) == ExecutionPlan(
         "eager", "float32", "eager/float32: set by model.backend, eval.dtype and model.weights",
-        ("eager", "bfloat16", "fp"))
+        ("eager", "bfloat16", "fp"), "fp", ("eager", "bfloat16", "fp"))
     with pytest.raises(SpecbenchError, match="eval.dtype='fp8' is unknown; valid choices: auto"):
         plan("fp8", "eager", profile, 16, 256)
     with pytest.raises(SpecbenchError, match="model.backend='tvm' is unknown; valid choices: auto, eager, prepacked"):
@@ -260,6 +260,54 @@ def test_hardware_aware_tree_is_sized_from_the_machine_profile(tmp_path, monkeyp
     records = [json.loads(line) for line in (tmp_path / "run" / "records.jsonl").read_text().splitlines()]
     assert max(max(r["tree_sizes"]) for r in records if r["method"] == "draft_model") == expected
     assert expected == 6  # below the table's 7 nodes: the 7th node's tau gain no longer pays for its row
+
+
+def test_the_headline_is_against_the_same_weights_and_the_fastest_of_any_weights_stands_beside_it():
+    """Plain fp32 decoding at 10 tok/s, plain int4 at 20 (another model's answers), a method on fp weights at 15:
+    the headline is 1.5x against the fp plain decoding, and 0.75x against the int4 one beside it. An int4 method is
+    judged against int4 plain decoding."""
+    def rows(method, weights, seconds, name=None):
+        return [{"method": method, "method_name": name or method.split("@")[0], "weights": weights,
+                 "question_id": str(i), "turn": 0, "prompt_len": 10, "new_tokens": 10, "steps": 9,
+                 "accept_lengths": [1] * 9, "tree_depths": [1] * 9, "tree_sizes": [1] * 9, "wall_time": t,
+                 "prefill_time": 0.0, "draft_time": 0.0, "verify_time": t, "framework_times": [0.0],
+                 "output_ids": [1], "kv_peak_bytes": 0, "drafter_params": 0, "drafter_bytes": 0, "lossless_rule": True,
+                 "temperature": 0.0, "token_logprobs": []} for i, t in enumerate(seconds)]
+
+    records = pd.DataFrame(rows("autoregressive", "fp", [1.0, 1.0]) + rows("autoregressive@int4_g32", "int4_g32",
+                           [0.5, 0.5]) + rows("pld", "fp", [2 / 3, 2 / 3]) + rows("pld-int4", "int4_g32", [0.4, 0.4],
+                                                                                  "pld"))
+    summary = summarize(records).set_index("method")
+    assert summary.loc["pld", "fastest_ar"] == "autoregressive"
+    assert summary.loc["pld", "speedup"] == pytest.approx(1.5)
+    assert summary.loc["pld", "fastest_ar_any"] == "autoregressive@int4_g32"
+    assert summary.loc["pld", "speedup_any"] == pytest.approx(0.75)
+    assert summary.loc["pld-int4", "fastest_ar"] == "autoregressive@int4_g32"
+    assert summary.loc["pld-int4", "speedup"] == pytest.approx(1.25) == summary.loc["pld-int4", "speedup_any"]
+    # a plain fp decoding on a faster backend becomes the fp methods' reference, the int4 ones keep theirs
+    faster = pd.concat([records, pd.DataFrame(rows("autoregressive@prepacked", "fp", [0.8, 0.8]))])
+    summary = summarize(faster).set_index("method")
+    assert summary.loc["pld", "fastest_ar"] == "autoregressive@prepacked"
+    assert summary.loc["pld", "speedup"] == pytest.approx(1.2)
+    assert summary.loc["pld-int4", "fastest_ar"] == "autoregressive@int4_g32"
+
+
+def test_a_run_adds_the_fastest_plain_decoding_of_its_own_weights_beside_the_fastest_of_any():
+    """A profile where int4 is the fastest plain decoding and prepacked fp32 the fastest of the float weights, on an
+    eager fp32 run: both plain decodings run beside the run's own."""
+    frame = hand_made_profile(fast_small="float32", fast_large="float32").latency
+    rows = [frame.assign(backend="eager", weights="fp"), frame.assign(backend="prepacked", weights="fp", ms=frame["ms"] * 0.8),
+            frame.assign(backend="eager", weights="int4_g32", ms=frame["ms"] * 0.5)]
+    profile = MachineProfile(machine_info(), "cpu", "tiny_random", hand_made_profile("float32", "float32").peaks,
+                             pd.concat(rows, ignore_index=True))
+    execution = plan("float32", "eager", profile, 8, 256, "fp", ["fp", "int4_g32"])
+    assert execution.fastest_ar[2] == "int4_g32" and execution.same_weights_ar[:1] == ("prepacked",)
+    from specbench.evaluation.plan import fastest_plain_runs
+    cfg = compose_cfg([*FAST, "eval.fastest_ar=true"], None)
+    labels = fastest_plain_runs(cfg, execution)
+    assert labels == {"autoregressive@prepacked": execution.same_weights_ar,
+                      "autoregressive@" + "/".join(x for x, own in zip(execution.fastest_ar, execution.own) if x != own):
+                          execution.fastest_ar}
 
 
 def test_tau_and_per_depth_acceptance_from_hand_made_records():

