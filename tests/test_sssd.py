@@ -130,6 +130,27 @@ def test_a_missing_datastore_says_how_to_build_it(tiny, tmp_path):
     SSSDDrafter(tiny, NativePolicy(8), sources=["input"], datastore=str(tmp_path / "none.npz"))  # not needed
 
 
+def test_the_default_datastore_is_built_on_first_use_and_reused(tiny, prompts, tmp_path, monkeypatch, caplog):
+    """method=sssd on a fresh cache builds the model's default index once (a one-time artifact, like the GGUF
+    conversion) instead of ending in an error; a second drafter reads it without building. An index the user named
+    is never built in its place (test above)."""
+    import specbench.data.sharegpt as sharegpt
+    from specbench.data.datastore import default_path
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    chats = [[{"role": "user", "content": p}, {"role": "assistant", "content": p[::-1]}] for p in
+             ["the cat sat on the mat", "a dog ran after the cat", "the mat was red and the cat was grey"]]
+    calls = []
+    monkeypatch.setattr(sharegpt, "read_sharegpt", lambda n: calls.append(n) or chats)
+    drafter = SSSDDrafter(tiny, NativePolicy(8), datastore=None)
+    assert calls == [10000] and default_path(tiny.name).exists() and "building it once" in caplog.text
+    assert len(drafter.store) > 0
+    SSSDDrafter(tiny, NativePolicy(8), datastore=None)
+    assert calls == [10000]  # read from the cache the second time
+    ar = decode(tiny, AutoregressiveDrafter(), prompts[0])
+    assert decode(tiny, drafter, prompts[0]).tokens == ar.tokens
+
+
 def test_a_datastore_for_another_tokenizer_is_refused(tiny, tmp_path):
     other = byte_tokenizer()
     other.add_tokens(["<extra>"])

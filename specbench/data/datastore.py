@@ -12,6 +12,8 @@ from __future__ import annotations
 import bisect
 import hashlib
 import json
+import logging
+import time
 import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +27,7 @@ from specbench.data.prompts import HELD_OUT_FROM
 from specbench.errors import SpecbenchError
 from specbench.models.loading import cache_root
 
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -182,3 +185,31 @@ def sharegpt_documents(tokenizer, num_conversations: int, chat_template: bool) -
         bar.update(len(chunk))
     bar.close()
     return documents
+
+
+def build_sharegpt(tokenizer, model_name: str, chat_template: bool, num_conversations: int, path: Path) -> Path:
+    """Tokenise the first num_conversations ShareGPT conversations and save their index at path: task=datastore, or
+    method=sssd the first time it runs on a model with no index at the default path (a one-time artifact, like the
+    GGUF conversion)."""
+    start = time.perf_counter()
+    documents = sharegpt_documents(tokenizer, num_conversations, chat_template)
+    tokenised = time.perf_counter()
+    print(f"building the suffix array over {sum(map(len, documents)):,} tokens (one pass, no progress to show)")
+    store = Datastore.build(documents, tokenizer, model_name, corpus="sharegpt", num_conversations=num_conversations,
+                            chat_template=chat_template)
+    store.save(path)
+    done = time.perf_counter()
+    log.info("datastore for %s: %s tokens from %s ShareGPT conversations; read + tokenise %.1f s, suffix array + save "
+             "%.1f s, %.1f MiB at %s", model_name, f"{len(store):,}", f"{len(documents):,}", tokenised - start,
+             done - tokenised, path.stat().st_size / 2**20, path)
+    return path
+
+
+def load_or_build(path: Path | None, tokenizer, model_name: str, chat_template: bool) -> Datastore:
+    """The index at path; with path None, the model's default index, built first (the default corpus size) when it
+    is not there yet. An index a user named is never built in its place: a missing one is an error."""
+    if path is None and not default_path(model_name).exists():
+        log.warning("method=sssd: no datastore for %s yet; building it once from %d ShareGPT conversations (about a "
+                    "minute; `python run.py task=datastore` builds it ahead)", model_name, HELD_OUT_FROM)
+        build_sharegpt(tokenizer, model_name, chat_template, HELD_OUT_FROM, default_path(model_name))
+    return Datastore.load(path or default_path(model_name), tokenizer, model_name)

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from itertools import count
 from pathlib import Path
 
-from specbench.data.datastore import Datastore, TrieNode, count_trie, default_path, spread
+from specbench.data.datastore import TrieNode, count_trie, load_or_build, spread
 from specbench.drafters.base import DecodeState, Drafter
 from specbench.errors import SpecbenchError
 from specbench.trees.policy import TreePolicy
@@ -80,8 +80,8 @@ class SSSDDrafter(Drafter):
         self.input_discount, self.match_discount, self.depth_discount = input_discount, match_discount, depth_discount
         self.store = None
         if "datastore" in sources:
-            path = Path(datastore).expanduser() if datastore else default_path(target.name)
-            self.store = Datastore.load(path, target.tokenizer, target.name)
+            self.store = load_or_build(Path(datastore).expanduser() if datastore else None, target.tokenizer,
+                                       target.name, bool(target.chat_template))
         self.index = InputIndex(input_max_prefix)
 
     def reset(self, state: DecodeState) -> None:

@@ -66,7 +66,8 @@ def print_table(summary: pd.DataFrame) -> None:
             "vs any weights": summary["speedup_any"].map("{:.2f}x".format),
             "lossless": [_lossless(r) for _, r in summary.iterrows()],
         }).to_string(index=False))
-    same = ", ".join(dict.fromkeys(summary["fastest_ar"].dropna()))
+    weights = summary["weights"] if "weights" in summary else pd.Series(["fp"] * len(summary))
+    same = "; ".join(f"{w}: {ref}" for w, ref in dict(zip(weights, summary["fastest_ar"])).items())
     print(f"speedup: ratio of means against the fastest plain decoding of the same weights ({same}), 95% paired "
           f"bootstrap CI; vs any weights: against {summary['fastest_ar_any'].iloc[0]}; more columns in summary.csv")
     for line in _why_slower(summary):
