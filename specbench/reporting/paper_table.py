@@ -119,6 +119,10 @@ def to_markdown(frame: pd.DataFrame, paper: dict, command: str, machine: str) ->
         ci = f" [{num(r['ci_low'])}, {num(r['ci_high'])}]" if math.isfinite(r["ci_low"]) else ""
         lines.append(f"| {r['quantity']} | {r['selects']} | {num(r['paper'])} | {num(r['ours'])}{ci} | "
                      f"{num(r['ours/paper'])} | {r['kind']} | {r['note']} |")
+    if frame["quantity"].astype(str).str.contains("speedup").any() or any("speedup" in str(r.get("column", ""))
+                                                                            for r in paper["rows"]):
+        lines += ["", "`speedup` is against the fastest plain decoding of the same weights measured in the run "
+                      "(`fastest_ar`), as the papers compare; `speedup_any` against the fastest of any weights."]
     return "\n".join(lines) + "\n"
 
 
