@@ -14,6 +14,7 @@ import pandas as pd
 from specbench.config import build
 from specbench.drafters.autoregressive import AutoregressiveDrafter
 from specbench.drafters.base import Drafter
+from specbench.evaluation.engines import print_engines, with_agreement
 from specbench.evaluation.metrics import decoded, summarize
 from specbench.evaluation.plan import Plan
 from specbench.evaluation.quality import with_quality
@@ -42,11 +43,13 @@ def summarise(cfg, plan: Plan, hw: HardwareSpec, records: pd.DataFrame, drafters
                         costs, target.max_context, cfg.eval.max_new_tokens)
     summary = _with_streaming(summary, drafters, target, hw)
     summary = with_quality(summary, records, cfg.eval.quality, target.tokenizer, out)  # pass@1 by execution
+    summary = with_agreement(summary, records)  # engine rows: token agreement with the project's plain decoding
     _write(summary, out)
     plots = save_plots(decoded(records), summary, out / "plots", profile)
     log_run(build(cfg.logger) if cfg.get("logger") else None, cfg, summary, plots, out / "records.jsonl")
     with pd.option_context("display.width", 250, "display.max_columns", 20, "display.precision", 3):
         print(summary[[c for c in TABLE if c in summary]].to_string(index=False))  # records before a column lack it
+    print_engines(summary)
     print(f"speedup: ratio of means against the fastest plain decoding here ({summary['fastest_ar'].iloc[0]}), "
           "95% paired bootstrap CI")
     _note_cut(decoded(records), cfg.eval.max_new_tokens, target.max_context)
