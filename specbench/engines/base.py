@@ -29,9 +29,10 @@ class EngineUnavailable(Exception):
 @dataclass
 class EngineContext:
     """What an engine is built from: the run's target as its fastest plain decoding runs it (eager, that dtype and
-    those weights), the model config's path (a GGUF an engine may load itself) and eval.engine_options."""
+    those weights), the target as loaded, the model config's path (a GGUF an engine may load itself) and eval.engine_options."""
 
     target: LoadedModel
+    loaded: LoadedModel  # the target as loaded (eager, full-precision weights): what a draft is derived from
     model_path: str
     max_new_tokens: int
     options: dict

@@ -19,7 +19,7 @@ from specbench.errors import SpecbenchError
 from specbench.models.backends import RUN_KEYS
 from specbench.models.distilled_draft import load_distilled_draft
 from specbench.models.early_exit import early_exit
-from specbench.models.loading import LoadedModel
+from specbench.models.loading import LoadedModel, with_dtype
 
 class _Stream(BaseStreamer):
     """generate() hands the streamer the prompt, then the tokens of each step."""
@@ -91,7 +91,7 @@ def build(mode: str, ctx: EngineContext) -> TransformersEngine:
     opts, own = ctx.options, ctx.options.get("transformers") or {}
     assistant = None
     if mode == "assistant":
-        assistant = _assistant(ctx.target, own.get("assistant_checkpoint"), own.get("assistant_layers"))
+        assistant = _assistant(ctx, own.get("assistant_checkpoint"), own.get("assistant_layers"))
     elif mode == "universal":
         node = own.get("universal")
         if not node:
@@ -103,7 +103,11 @@ def build(mode: str, ctx: EngineContext) -> TransformersEngine:
                               opts["lookup_ngram"], opts["draft_tokens"])
 
 
-def _assistant(target: LoadedModel, checkpoint: str | None, layers: int | None) -> LoadedModel:
+def _assistant(ctx: EngineContext, checkpoint: str | None, layers: int | None) -> LoadedModel:
+    """Derived from the full-precision target in the engine's dtype (a distilled draft's layers are float weights;
+    a quantised target's linears would not take them)."""
+    target = ctx.target if ctx.target.weights == "fp" \
+        else with_dtype(ctx.loaded, str(ctx.target.model.dtype).removeprefix("torch."))
     if checkpoint:
         return load_distilled_draft(target, checkpoint)
     if layers is None:

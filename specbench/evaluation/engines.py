@@ -70,11 +70,11 @@ def requested(cfg, sampling: SamplingParams, method_labels: list[str]) -> list[E
     return entries
 
 
-def build_engines(cfg, entries: list[EngineEntry], target: LoadedModel) -> list[BuiltEngine]:
-    """target: eager, in the dtype and weights of the run's fastest plain decoding. An engine this machine cannot
-    run (EngineUnavailable) is left out with its reason in one line."""
+def build_engines(cfg, entries: list[EngineEntry], target: LoadedModel, loaded: LoadedModel) -> list[BuiltEngine]:
+    """target: eager, in the dtype and weights of the run's fastest plain decoding; loaded: as loaded. An engine this
+    machine cannot run (EngineUnavailable) is left out with its reason in one line."""
     options = OmegaConf.to_container(cfg.eval.engine_options, resolve=True)
-    ctx = EngineContext(target, str(cfg.model.get("path") or ""), int(cfg.eval.max_new_tokens), options,
+    ctx = EngineContext(target, loaded, str(cfg.model.get("path") or ""), int(cfg.eval.max_new_tokens), options,
                         int(options.get("threads") or torch.get_num_threads()))
     built = []
     for entry in entries:

@@ -124,7 +124,7 @@ def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Pat
         per_method[EAGER_REFERENCE] = {**BASELINE_SETTINGS, "dtype": execution.dtype, "backend": "eager"}
     fast_cast = cast if (fast_d, fast_w) == (execution.dtype, execution.weights) \
         else with_dtype(with_weights(loaded, fast_w), fast_d)
-    engines = build_engines(cfg, req.engines, fast_cast)  # on the eager model in the fastest plain decoding's dtype
+    engines = build_engines(cfg, req.engines, fast_cast, loaded)  # on the eager model in the fastest plain decoding's dtype
     per_method |= {b.entry.label: b.settings() for b in engines}
     shared = shared_settings(cfg, execution.dtype, execution.backend, execution.weights, attention_tag(loaded))
     check_and_save_settings(out, shared, per_method)
