@@ -74,6 +74,8 @@ class EvalSchema:
     first_turn_only: bool = setting()
     eager_reference: bool = setting()
     hf_generate: bool = setting()
+    engines: list[str] = setting()  # each ENGINE[:MODE]: engines/registry.py
+    engine_options: dict = setting()
     memory_probe: bool = setting()
     latency_profile: bool = setting()
     profile_sizes: list[int] = setting(low=1)
