@@ -16,7 +16,7 @@ import logging
 import torch
 
 from specbench.errors import SpecbenchError
-from specbench.models.published.files import Published
+from specbench.models.published.files import Published, check_base_model
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,7 @@ def ppd_checkpoint(ckpt: Published, target) -> tuple[dict, dict[str, torch.Tenso
         raise SpecbenchError(f"PPD checkpoint '{ckpt.folder}' holds prompt embeddings of shape {tuple(embeds.shape)} "
                              f"(base model '{base}'), but {m} special tokens x {n_e} members for the target "
                              f"'{target.name}' need ({m * n_e}, {hidden}); load the base model it was trained for")
+    check_base_model(ckpt, base, target)
     arch = {"num_prompt_tokens": m, "num_ensemble": n_e, "hidden_size": hidden}
     log.info("published PPD prompt tokens %s: %d tokens x %d members, base model %s", ckpt.folder, m, n_e, base)
     return {"format": "published", "layout": "ppd", "method": "ppd", "source": str(ckpt.folder), "base_model": base,
