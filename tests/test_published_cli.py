@@ -21,7 +21,7 @@ from .test_published import eagle1_state, eagle3_folder, eagle_config, medusa_fo
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ["model=tiny_random", "eval.dtype=float32", "eval.num_prompts=2", "eval.max_new_tokens=8", "eval.warmup=0",
        "eval.memory_probe=false", "eval.fastest_ar=false", "eval.latency_profile=false", "eval.first_turn_only=true"]
-ACCURACY = "[[0.6,0.2,0.1],[0.4,0.2,0.1],[0.3,0.1,0.1]]"  # published checkpoints carry no held-out accuracies: the run gives them
+ACCURACY = "[[0.6,0.2,0.1],[0.4,0.2,0.1],[0.3,0.1,0.1]]"  # a published checkpoint carries none: the run gives them
 
 
 def target_of(num_layers: int):
@@ -124,7 +124,8 @@ def _medusa_of_another_base_model(folder: Path) -> list[str]:
 def _ppd_of_another_base_model(folder: Path) -> list[str]:
     args = ppd(folder)
     config = json.loads((folder / "adapter_config.json").read_text())
-    (folder / "adapter_config.json").write_text(json.dumps(config | {"base_model_name_or_path": "lmsys/vicuna-7b-v1.3"}))
+    other = config | {"base_model_name_or_path": "lmsys/vicuna-7b-v1.3"}
+    (folder / "adapter_config.json").write_text(json.dumps(other))
     return args
 
 

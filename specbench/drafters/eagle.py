@@ -244,7 +244,8 @@ class EagleDrafter(Drafter):
     def _cost_cache(self) -> DynamicCache:
         """The head's draft cache over COST_CONTEXT rows, the context its expands are timed on."""
         cache = DynamicCache()  # the head reads fused features: the target's hidden size wide (EAGLE-3's fc is 3d)
-        self.head(torch.zeros(1, COST_CONTEXT, self.hidden_size, device=self.embed.weight.device, dtype=self.head.fc.weight.dtype),
+        device, dtype = self.embed.weight.device, self.head.fc.weight.dtype
+        self.head(torch.zeros(1, COST_CONTEXT, self.hidden_size, device=device, dtype=dtype),
                   self._embed([0] * COST_CONTEXT), past_key_values=cache)
         return cache
 
