@@ -104,6 +104,7 @@ class TrainSchema:
     max_steps: int = setting(low=-1)
     checkpoint_every_n_steps: int = setting(low=1)
     export: str = setting()
+    resume: bool = setting()  # training/folder.py: resume a folder's training under its own settings, or start over
 
 
 @dataclass
