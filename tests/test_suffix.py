@@ -4,6 +4,8 @@ rejection sampling, the global tree on a repeated prompt, bad input."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -97,7 +99,7 @@ def test_a_warmup_corpus_fills_the_global_tree(tiny, tmp_path):
     prompt = tiny.tokenizer(TEXTS[1])["input_ids"]
     answer = tiny.tokenizer.decode(prompt + decode(tiny, AutoregressiveDrafter(), prompt, max_new=64).tokens)
     corpus = tmp_path / "warmup.jsonl"
-    corpus.write_text(f'"unrelated text"\n{{"text": {answer!r}}}\n'.replace("'", '"'))
+    corpus.write_text(json.dumps("unrelated text") + "\n" + json.dumps({"text": answer}) + "\n")
     cold = len(decode(tiny, SuffixDrafter(tiny, NativePolicy(16)), prompt, max_new=64).steps)
     warm = len(decode(tiny, SuffixDrafter(tiny, NativePolicy(16), warmup=str(corpus)), prompt, max_new=64).steps)
     assert warm < cold
