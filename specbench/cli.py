@@ -1,8 +1,11 @@
 """The `specbench` command (and `python run.py`): Hydra composes the run from the config groups shipped in
 specbench/conf, then specbench.tasks.dispatch runs it. Bad input ends as one `error:` line and exit code 2."""
 
+import errno
 import os
+import shlex
 import sys
+from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig
@@ -26,3 +29,40 @@ def main(cfg: DictConfig):
         exc = config_error(exc) if isinstance(exc, OmegaConfBaseException) else exc
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
+    except OSError as exc:
+        if exc.errno not in FIXABLE or not exc.filename:
+            raise
+        fix = "free space on its disk" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "make it writable"
+        print(f"\nerror: cannot write {exc.filename} ({exc.strerror}): {fix}; {_kept_and_rerun(cfg.task)}",
+              file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:  # the run folder's lock is released by now, and a run that decoded nothing left it as found
+        print(f"\nerror: interrupted; {_kept_and_rerun(cfg.task)}", file=sys.stderr)
+        sys.exit(130)
+
+
+# a write the user can make succeed: a full disk or quota, a read-only or forbidden path
+FIXABLE = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+def _kept_and_rerun(task: str) -> str:
+    """What the run folder keeps, and the command that resumes it (into the same folder: the default one is new each
+    run)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from specbench.reporting.store import RECORDS_FILE
+
+    hydra = HydraConfig.get()
+    out = Path(hydra.runtime.output_dir)
+    args = list(sys.argv[1:])
+    if hydra.mode != RunMode.MULTIRUN and not any(a.startswith("hydra.run.dir=") for a in args):
+        args.append(f"hydra.run.dir={out}")
+    prog = ["specbench"] if Path(sys.argv[0]).name == "specbench" else ["python", sys.argv[0]]
+    command = shlex.join([*prog, *args])
+    if task != "eval":
+        return f"what the run wrote is in {out}; rerun: {command}"
+    records = out / RECORDS_FILE
+    kept = records.read_bytes().count(b"\n") if records.exists() else 0  # whole lines: a cut one is redone
+    return (f"{kept} records kept in {records}; resume with: {command}" if kept
+            else f"nothing was decoded, the run folder is as it was; rerun: {command}")
