@@ -2,12 +2,14 @@
 specbench/conf, then specbench.tasks.dispatch runs it. Bad input ends as one `error:` line and exit code 2."""
 
 import errno
+import logging
 import os
 import shlex
 import sys
 from pathlib import Path
 
 import hydra
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 import specbench.config  # noqa: F401  (registers the resolvers the configs use)
@@ -23,6 +25,7 @@ def main(cfg: DictConfig):
     from specbench.schema import config_error
     from specbench.tasks import dispatch
 
+    logging.raiseExceptions = False  # a log line lost to a full disk is not worth a traceback; the write that matters is
     try:
         return dispatch(cfg)
     except (SpecbenchError, OmegaConfBaseException) as exc:  # an OmegaConf error is a config the user can fix too
@@ -39,6 +42,28 @@ def main(cfg: DictConfig):
     except KeyboardInterrupt:  # the run folder's lock is released by now, and a run that decoded nothing left it as found
         print(f"\nerror: interrupted; {_kept_and_rerun(cfg.task)}", file=sys.stderr)
         sys.exit(130)
+
+
+class WritableRunFolder(Callback):
+    """Hydra writes .hydra/ and the log into the run (or sweep) folder before any task runs, so a folder that cannot
+    be written would end in Hydra's error dump: checked first, it is one line (conf/config.yaml: hydra.callbacks)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        _writable(config.hydra.run.dir, "hydra.run.dir")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        _writable(config.hydra.sweep.dir, "hydra.sweep.dir")
+
+
+def _writable(folder: str, key: str) -> None:
+    from specbench.errors import SpecbenchError
+    from specbench.models.loading import check_writable
+
+    try:
+        check_writable(Path(folder), "run folder", f"give a {key} you can write")
+    except SpecbenchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
 
 
 # a write the user can make succeed: a full disk or quota, a read-only or forbidden path

@@ -49,7 +49,7 @@ def read_jsonl(path: str | Path) -> list[Prompt]:
         raise SpecbenchError(f"dataset file '{path}' cannot be read ({exc}); set dataset.path to a JSONL "
                              f"file") from None
     if not prompts:
-        raise SpecbenchError(f"dataset file '{path}' holds no prompts; give it lines of "
+        raise SpecbenchError(f"dataset file '{path}' is empty (no prompts); give it lines of "
                              f'{{"question_id": ..., "category": ..., "turns": ["..."]}}')
     repeats = {q: n for q, n in lines.items() if len(n) > 1}
     if repeats:

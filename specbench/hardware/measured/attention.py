@@ -13,7 +13,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from specbench.errors import SpecbenchError
 from specbench.hardware.measured.machine import fingerprint, machine_info
 from specbench.hardware.measured.machine_profile import (_best_seconds, _read_cached, code_digest, default_dtypes,
-                                                         measuring_alone, profile_dir, write_atomic)
+                                                         measuring_alone, profile_dir, stamp, write_atomic)
 from specbench.models import attention as model_attention
 from specbench.models.attention import Windows, eager_forward
 from specbench.models.loading import torch_dtype
@@ -72,13 +72,15 @@ def eager_windows(model: torch.nn.Module, dtypes=None) -> dict[str, Windows]:
     # named by the code that times the two kernels, as the machine profile is (code_digest)
     digest = code_digest([__file__, model_attention.__file__])
     path = profile_dir() / f"{fingerprint()}-{digest}-{device.type}-attention-{shape}.json"
-    cached = _read_cached(path, _windows_of_file) if path.exists() else None
+    seen = stamp(path)
+    cached = _read_cached(path, _windows_of_file) if seen else None
     if cached is not None and all(d in cached for d in dtypes):
         return {d: cached[d] for d in dtypes}
     with measuring_alone("where eager attention beats SDPA"):
-        cached = _read_cached(path, _windows_of_file) if path.exists() else None  # the process waited for's
-        if cached is not None and all(d in cached for d in dtypes):
-            return {d: cached[d] for d in dtypes}
+        if stamp(path) != seen:  # written by the process this one waited for
+            cached = _read_cached(path, _windows_of_file)
+            if cached is not None and all(d in cached for d in dtypes):
+                return {d: cached[d] for d in dtypes}
         print(f"measuring where eager attention beats SDPA here ({', '.join(dtypes)}; seconds), cached at {path}")
         windows, timings = dict(cached or {}), {}
         for name in dtypes:

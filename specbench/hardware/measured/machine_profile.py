@@ -128,19 +128,20 @@ def measured_peaks(device: torch.device | str) -> dict:
     device = torch.device(device)
     root, fp = profile_dir(), fingerprint()
 
-    def cached() -> dict | None:
+    def cached(skip=()) -> dict | None:
         # peaks are the machine's, whatever code measured a profile: any code digest (profile_path) will do
         for path in sorted(root.glob(f"{fp}-*{device.type}-*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
-            peaks = _read_cached(path, _peaks_of)
+            peaks = None if (path, stamp(path)) in skip else _read_cached(path, _peaks_of)
             if peaks is not None:
                 return peaks
         return None
 
+    seen = {(path, stamp(path)) for path in root.glob(f"{fp}-*{device.type}-*.json")}  # each read once
     peaks = cached()
     if peaks is not None:
         return peaks
     with measuring_alone("peaks"):
-        peaks = cached()  # measured by the process this one waited for
+        peaks = cached(skip=seen)  # measured by the process this one waited for
         if peaks is None:
             peaks = measure_peaks(device)
             write_atomic(root / f"{fp}-{device.type}-peaks.json",
@@ -385,14 +386,25 @@ def load_or_measure_profile(target: LoadedModel, dtypes=None, sizes=SIZES, conte
     backends, weights = list(backends or BACKENDS), list(weights)
     tag = attention_tag(target)  # the attention kernel changes L(n, context): a profile is measured under one
     path = profile_path(target.name if tag == "sdpa" else f"{target.name}-attention_{tag}", device)
-    cached = _read_cached(path, MachineProfile.from_json) if path.exists() else None
+    seen = stamp(path)
+    cached = _read_cached(path, MachineProfile.from_json) if seen else None
     if cached is not None and cached.covers(dtypes, sizes, contexts, backends, weights):
         return cached
     with measuring_alone(f"the profile of {target.name}"):
-        cached = _read_cached(path, MachineProfile.from_json) if path.exists() else None  # the process waited for's
-        if cached is not None and cached.covers(dtypes, sizes, contexts, backends, weights):
-            return cached
+        if stamp(path) != seen:  # written by the process this one waited for
+            cached = _read_cached(path, MachineProfile.from_json)
+            if cached is not None and cached.covers(dtypes, sizes, contexts, backends, weights):
+                return cached
         return _measure_profile(target, path, dtypes, sizes, contexts, repeats, backends, weights)
+
+
+def stamp(path: Path) -> tuple[int, int] | None:
+    """(mtime, size) of a cache file, None when there is none: whether another process wrote it meanwhile."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
 
 
 def _measure_profile(target: LoadedModel, path: Path, dtypes, sizes, contexts, repeats, backends,
