@@ -25,7 +25,7 @@ def main(cfg: DictConfig):
     from specbench.schema import config_error
     from specbench.tasks import dispatch
 
-    logging.raiseExceptions = False  # a log line lost to a full disk is not worth a traceback; the write that matters is
+    logging.raiseExceptions = False  # a log line lost to a full disk is no traceback; records' writes say so below
     try:
         return dispatch(cfg)
     except (SpecbenchError, OmegaConfBaseException) as exc:  # an OmegaConf error is a config the user can fix too
@@ -33,13 +33,13 @@ def main(cfg: DictConfig):
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
     except OSError as exc:
-        if exc.errno not in FIXABLE or not exc.filename:
+        if exc.errno not in FIXABLE:
             raise
         fix = "free space on its disk" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "make it writable"
-        print(f"\nerror: cannot write {exc.filename} ({exc.strerror}): {fix}; {_kept_and_rerun(cfg.task)}",
-              file=sys.stderr)
+        where = f"{exc.filename} " if exc.filename else ""
+        print(f"\nerror: cannot write {where}({exc.strerror}): {fix}; {_kept_and_rerun(cfg.task)}", file=sys.stderr)
         sys.exit(2)
-    except KeyboardInterrupt:  # the run folder's lock is released by now, and a run that decoded nothing left it as found
+    except KeyboardInterrupt:  # the folder's lock is released by now; a run that decoded nothing left it as found
         print(f"\nerror: interrupted; {_kept_and_rerun(cfg.task)}", file=sys.stderr)
         sys.exit(130)
 

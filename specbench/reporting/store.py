@@ -39,8 +39,10 @@ def write_atomic(path: str | Path, text: str) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError) and not exc.filename:  # a full disk: name the file it could not write
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise
 
 

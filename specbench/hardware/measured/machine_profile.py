@@ -181,8 +181,10 @@ def write_atomic(path: Path, text: str) -> None:
     try:
         tmp.write_text(text)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and not exc.filename:  # a full disk: name the file it could not write
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise
 
 
