@@ -41,7 +41,7 @@ def write_atomic(path: str | Path, text: str) -> None:
         os.replace(tmp, path)
     except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
-        if isinstance(exc, OSError) and not exc.filename:  # a full disk: name the file it could not write
+        if isinstance(exc, OSError) and exc.errno and not exc.filename:  # a full disk: name the file it missed
             raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise
 
