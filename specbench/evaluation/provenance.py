@@ -53,12 +53,33 @@ def settings_hash(shared: dict, method: dict) -> str:
 @contextmanager
 def open_run_folder(run_dir: Path):
     """The folder locked for this run until it ends, however it ends (a second run into it stops with one line), and
-    its settings.json and records.jsonl checked before any model or data loads."""
+    its settings.json and records.jsonl checked before any model or data loads. A run that ends before it wrote a
+    record (refused, interrupted) leaves settings.json as it found it: settings saved for nothing would block the
+    corrected rerun."""
     with run_folder_lock(run_dir):
         old = read_settings(run_dir)
+        RecordStore(run_dir / RECORDS_FILE)  # refuses a symlinked record file; drops a line cut by a kill
         if old is not None:  # without it, read_settings has refused any records
             _check_records(run_dir, old["methods"])
-        yield
+        settings, decoded = run_dir / SETTINGS_FILE, _size(run_dir / RECORDS_FILE)
+        found = settings.read_text(encoding="utf-8") if old is not None else None
+        try:
+            yield
+        except BaseException:
+            if _size(run_dir / RECORDS_FILE) <= decoded:
+                _put_back(settings, found)
+            raise
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
+def _put_back(path: Path, text: str | None) -> None:
+    if text is None:
+        path.unlink(missing_ok=True)
+    elif not path.exists() or path.read_text(encoding="utf-8") != text:
+        write_atomic(path, text)
 
 
 def read_settings(run_dir: Path) -> dict | None:

@@ -17,12 +17,14 @@ import json
 import math
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
+from filelock import FileLock, Timeout
 from transformers import DynamicCache
 
 from specbench.errors import SpecbenchError
@@ -34,7 +36,7 @@ from specbench.hardware.modelled.spec import HardwareSpec
 from specbench.models import attention, backends, linears, quantize
 from specbench.models.attention import attention_tag
 from specbench.models.backends import BACKENDS, execution_label, supported, with_backend
-from specbench.models.loading import LoadedModel, cache_root, torch_dtype, with_dtype
+from specbench.models.loading import LoadedModel, cache_dir, cache_root, torch_dtype, with_dtype
 from specbench.models.quantize import Int4Linear, Int8Linear, with_weights
 from specbench.models.quantize import supported as weights_supported
 from specbench.models.shape import ModelShape
@@ -125,14 +127,50 @@ def measured_peaks(device: torch.device | str) -> dict:
     """This machine's peaks from its newest valid cached profile (of any model), else measured now and cached."""
     device = torch.device(device)
     root, fp = profile_dir(), fingerprint()
-    # peaks are the machine's, whatever code measured a profile: any code digest (profile_path) will do
-    for path in sorted(root.glob(f"{fp}-*{device.type}-*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
-        peaks = _read_cached(path, _peaks_of)
-        if peaks is not None:
-            return peaks
-    peaks = measure_peaks(device)
-    write_atomic(root / f"{fp}-{device.type}-peaks.json", json.dumps({"machine": machine_info(), "peaks": peaks}))
+
+    def cached(skip=()) -> dict | None:
+        # peaks are the machine's, whatever code measured a profile: any code digest (profile_path) will do
+        for path in sorted(root.glob(f"{fp}-*{device.type}-*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
+            peaks = None if (path, stamp(path)) in skip else _read_cached(path, _peaks_of)
+            if peaks is not None:
+                return peaks
+        return None
+
+    seen = {(path, stamp(path)) for path in root.glob(f"{fp}-*{device.type}-*.json")}  # each read once
+    peaks = cached()
+    if peaks is not None:
+        return peaks
+    with measuring_alone("peaks"):
+        peaks = cached(skip=seen)  # measured by the process this one waited for
+        if peaks is None:
+            peaks = measure_peaks(device)
+            write_atomic(root / f"{fp}-{device.type}-peaks.json",
+                         json.dumps({"machine": machine_info(), "peaks": peaks}))
     return peaks
+
+
+_LOCKS: dict[Path, FileLock] = {}
+
+
+@contextmanager
+def measuring_alone(what: str):
+    """Hold the cache's measuring lock (flock, through filelock) while this process measures: two first runs on a
+    fresh cache would time each other's forwards and cache the contended numbers (L(1) 2.6x the quiet value seen). A
+    second process waits here for the first, then finds what it cached. Checks the cache writable first, so a cache
+    that cannot take the result is one line before minutes of measuring. Re-entrant within a process."""
+    folder = cache_dir("profiles")
+    lock = _LOCKS.setdefault(folder, FileLock(folder / ".measuring.lock", preserve_lock_file=True,
+                                              fallback_to_soft=False))
+    try:
+        lock.acquire(blocking=False)
+    except Timeout:
+        print(f"waiting for another process measuring this machine (it holds {lock.lock_file}) before measuring "
+              f"{what}: measured side by side, both would be wrong", flush=True)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -143,8 +181,10 @@ def write_atomic(path: Path, text: str) -> None:
     try:
         tmp.write_text(text)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno and not exc.filename:  # a full disk: name the file it missed
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise
 
 
@@ -348,9 +388,30 @@ def load_or_measure_profile(target: LoadedModel, dtypes=None, sizes=SIZES, conte
     backends, weights = list(backends or BACKENDS), list(weights)
     tag = attention_tag(target)  # the attention kernel changes L(n, context): a profile is measured under one
     path = profile_path(target.name if tag == "sdpa" else f"{target.name}-attention_{tag}", device)
-    cached = _read_cached(path, MachineProfile.from_json) if path.exists() else None
+    seen = stamp(path)
+    cached = _read_cached(path, MachineProfile.from_json) if seen else None
     if cached is not None and cached.covers(dtypes, sizes, contexts, backends, weights):
         return cached
+    with measuring_alone(f"the profile of {target.name}"):
+        if stamp(path) != seen:  # written by the process this one waited for
+            cached = _read_cached(path, MachineProfile.from_json)
+            if cached is not None and cached.covers(dtypes, sizes, contexts, backends, weights):
+                return cached
+        return _measure_profile(target, path, dtypes, sizes, contexts, repeats, backends, weights)
+
+
+def stamp(path: Path) -> tuple[int, int] | None:
+    """(mtime, size) of a cache file, None when there is none: whether another process wrote it meanwhile."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
+def _measure_profile(target: LoadedModel, path: Path, dtypes, sizes, contexts, repeats, backends,
+                     weights) -> MachineProfile:
+    device = target.model.device
     print(f"measuring this machine's profile of {target.name} once ({', '.join(backends)} x {', '.join(dtypes)} x "
           f"{', '.join(weights)}; minutes), cached at {path}")
     load_before, frames, unsupported, compile_s = os.getloadavg()[0], [], {}, {}
