@@ -105,6 +105,9 @@ def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Pat
     execution = plan(cfg.eval.dtype, backend, machine, float(np.mean([t.budget for t in req.trees])), context,
                      weights, formats)
     log.info("backend/dtype/weights %s", execution.reason)
+    if machine is not None and formats == ["fp"]:
+        log.info("speedup_any weighs float weights only (eval.profile_weights=[fp]); eval.profile_weights=[fp,int8,int4] "
+                 "adds the quantised targets' plain decoding (measured once per machine)")
     # drafters are built on the eager model in the run's dtype and weights (build_drafter says why)
     cast = with_dtype(with_weights(loaded, execution.weights), execution.dtype)
     target = with_backend(cast, execution.backend)
