@@ -1,11 +1,16 @@
 """The `specbench` command (and `python run.py`): Hydra composes the run from the config groups shipped in
 specbench/conf, then specbench.tasks.dispatch runs it. Bad input ends as one `error:` line and exit code 2."""
 
+import errno
+import logging
 import os
+import shlex
 import sys
 import warnings
+from pathlib import Path
 
 import hydra
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 import specbench.config  # noqa: F401  (registers the resolvers the configs use)
@@ -24,9 +29,69 @@ def main(cfg: DictConfig):
     from specbench.schema import config_error
     from specbench.tasks import dispatch
 
+    logging.raiseExceptions = False  # a log line lost to a full disk is no traceback; records' writes say so below
     try:
         return dispatch(cfg)
     except (SpecbenchError, OmegaConfBaseException) as exc:  # an OmegaConf error is a config the user can fix too
         exc = config_error(exc) if isinstance(exc, OmegaConfBaseException) else exc
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)
+    except OSError as exc:
+        if exc.errno not in FIXABLE:
+            raise
+        fix = "free space on its disk" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "make it writable"
+        where = f"{exc.filename} " if exc.filename else ""
+        print(f"\nerror: cannot write {where}({exc.strerror}): {fix}; {_kept_and_rerun(cfg.task)}", file=sys.stderr)
+        sys.exit(2)
+    except KeyboardInterrupt:  # the folder's lock is released by now; a run that decoded nothing left it as found
+        print(f"\nerror: interrupted; {_kept_and_rerun(cfg.task)}", file=sys.stderr)
+        sys.exit(130)
+
+
+class WritableRunFolder(Callback):
+    """Hydra writes .hydra/ and the log into the run (or sweep) folder before any task runs, so a folder that cannot
+    be written would end in Hydra's error dump: checked first, it is one line (conf/config.yaml: hydra.callbacks)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        _writable(config.hydra.run.dir, "hydra.run.dir")
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        _writable(config.hydra.sweep.dir, "hydra.sweep.dir")
+
+
+def _writable(folder: str, key: str) -> None:
+    from specbench.errors import SpecbenchError
+    from specbench.models.loading import check_writable
+
+    try:
+        check_writable(Path(folder), "run folder", f"give a {key} you can write")
+    except SpecbenchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(2)
+
+
+# a write the user can make succeed: a full disk or quota, a read-only or forbidden path
+FIXABLE = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+
+
+def _kept_and_rerun(task: str) -> str:
+    """What the run folder keeps, and the command that resumes it (into the same folder: the default one is new each
+    run)."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    from specbench.reporting.store import RECORDS_FILE
+
+    hydra = HydraConfig.get()
+    out = Path(hydra.runtime.output_dir)
+    args = list(sys.argv[1:])
+    if hydra.mode != RunMode.MULTIRUN and not any(a.startswith("hydra.run.dir=") for a in args):
+        args.append(f"hydra.run.dir={out}")
+    prog = ["specbench"] if Path(sys.argv[0]).name == "specbench" else ["python", sys.argv[0]]
+    command = shlex.join([*prog, *args])
+    if task != "eval":
+        return f"what the run wrote is in {out}; rerun: {command}"
+    records = out / RECORDS_FILE
+    kept = records.read_bytes().count(b"\n") if records.exists() else 0  # whole lines: a cut one is redone
+    return (f"{kept} records kept in {records}; resume with: {command}" if kept
+            else f"nothing was decoded, the run folder is as it was; rerun: {command}")

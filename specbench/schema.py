@@ -35,8 +35,10 @@ from specbench.evaluation.precision import parse_execution
 from specbench.evaluation.quality import check_quality
 from specbench.models.attention import check_attention
 from specbench.models.backends import AUTO, BACKENDS, RUN_KEYS, check_backend
-from specbench.models.loading import DTYPES, check_model_path
-from specbench.models.quantize import FORMATS, check_weights
+from specbench.models.loading import DTYPES, check_model_path, load_model, read_config
+from specbench.models.quantize import FORMATS, GROUP_SIZES, check_weights
+from specbench.models.tiny import tiny_config, tiny_random
+from specbench.reporting.loggers import check_logger
 from specbench.sampling import SamplingParams
 
 # eval.max_new_tokens when the model config does not state its context: no shipped model's context is longer
@@ -74,6 +76,8 @@ class EvalSchema:
     first_turn_only: bool = setting()
     eager_reference: bool = setting()
     hf_generate: bool = setting()
+    engines: list[str] = setting()  # each ENGINE[:MODE]: engines/registry.py
+    engine_options: dict = setting()
     memory_probe: bool = setting()
     latency_profile: bool = setting()
     profile_sizes: list[int] = setting(low=1)
@@ -102,6 +106,7 @@ class TrainSchema:
     max_steps: int = setting(low=-1)
     checkpoint_every_n_steps: int = setting(low=1)
     export: str = setting()
+    resume: bool = setting()  # training/folder.py: resume a folder's training under its own settings, or start over
 
 
 @dataclass
@@ -160,13 +165,71 @@ def _validate(cfg: DictConfig) -> None:
     _check_inputs(cfg)
     if cfg.get("methods") is None:
         check_method(cfg)
+        check_fits_model(cfg, {"tree.budget": OmegaConf.select(cfg, "tree.budget")})
         return
     overrides = list(HydraConfig.get().overrides.task) if HydraConfig.initialized() else []
+    budgets = {}
     for entry in resolve_entries(cfg, overrides):
         try:
             check_method(entry.cfg)
         except SpecbenchError as exc:
             raise SpecbenchError(f"methods entry '{entry.label}': {exc}") from None
+        budgets[f"methods entry '{entry.label}': tree.budget"] = OmegaConf.select(entry.cfg, "tree.budget")
+    check_fits_model(cfg, budgets)
+
+
+def check_fits_model(cfg: DictConfig, budgets: dict[str, object]) -> None:
+    """Settings that depend on the model's shape and context, checked once its config is read (specbench.models:
+    model_config), before its weights load: a tree larger than the context, an answer longer than it, and an int4 group
+    size that does not divide every linear's input channels. budgets: {where: tree.budget}."""
+    model = cfg.get("model")
+    config = model_config(model) if model is not None else None
+    if config is None:
+        return
+    context = int(getattr(config, "max_position_embeddings", 0) or 0)
+    name = model.get("name", "?")
+    if context:
+        for where, budget in budgets.items():
+            if isinstance(budget, int) and not isinstance(budget, bool) and budget > context:
+                raise SpecbenchError(f"{where}={budget} is invalid: a tree of {budget} nodes cannot fit model "
+                                     f"{name}'s context of {context} tokens; it must be an integer <= {context}")
+        tokens = OmegaConf.select(cfg, "eval.max_new_tokens")
+        if isinstance(tokens, int) and tokens > context - 1:
+            raise SpecbenchError(f"eval.max_new_tokens={tokens} is invalid: it must be an integer <= {context - 1} "
+                                 f"(model {name}'s context of {context} tokens less one prompt token)")
+    if int4_used(cfg):
+        group = model.get("group_size", 32)
+        heads = getattr(config, "num_attention_heads", 1)
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+        inputs = sorted({config.hidden_size, config.intermediate_size, heads * head_dim})
+        if any(n % group for n in inputs):
+            fits = [g for g in GROUP_SIZES if not any(n % g for n in inputs)]
+            raise SpecbenchError(f"model.group_size={group} is invalid for model {name}: it must divide every "
+                                 f"linear's input channels ({', '.join(map(str, inputs))}); "
+                                 + (f"give one of {', '.join(map(str, fits))}" if fits else "none does: use int8"))
+
+
+def int4_used(cfg: DictConfig) -> bool:
+    """Whether the run quantises the target to int4 somewhere: its weights, the formats a profile measures for
+    weights=auto or the fastest plain decoding, or an extra plain decoding."""
+    weights = OmegaConf.select(cfg, "model.weights", default="fp")
+    profiled = list(OmegaConf.select(cfg, "eval.profile_weights", default=None) or [])
+    fastest = OmegaConf.select(cfg, "eval.fastest_ar", default=False)
+    plain = [str(t) for t in OmegaConf.select(cfg, "eval.plain_executions", default=None) or []]
+    return (weights == "int4" or ((weights == AUTO or fastest) and "int4" in profiled)
+            or any("int4" in t for t in plain))
+
+
+def model_config(model: DictConfig):
+    """The transformers config of the model node, read without weights; None for a loader that cannot say."""
+    target = get_object(model["_target_"]) if "_target_" in model else None
+    values = {k: v for k, v in OmegaConf.to_container(model, resolve=True).items() if k != "_target_"}
+    if target is tiny_random:
+        wanted = inspect.signature(tiny_config).parameters
+        return tiny_config(**{k: v for k, v in values.items() if k in wanted and k != "tokenizer"})
+    if target is load_model and isinstance(values.get("path"), str):
+        return read_config(values.get("name", "model"), values["path"])
+    return None
 
 
 def check_method(cfg: DictConfig) -> None:
@@ -316,6 +379,7 @@ def _check_inputs(cfg: DictConfig) -> None:
         parse_execution(text, model.get("group_size", 32) if model is not None else 32)
     if model is not None and model.get("path") is not None:
         check_model_path(model.path)
+    check_logger(cfg.get("logger"))
     dataset = cfg.get("dataset")
     if dataset is not None and dataset.get("source") == "jsonl":
         if not dataset.get("path"):

@@ -346,7 +346,7 @@ def test_transformers_generate_runs_beside_our_plain_decoding_and_matches_it(tmp
     overrides = [*FAST, "eval.hf_generate=true", "eval.num_prompts=2", "eval.first_turn_only=true"]
     summary = eval_task.run(compose_cfg(overrides, tmp_path / "run")).set_index("method")
     assert list(summary.index) == ["autoregressive", "pld", "hf_generate"]
-    assert summary.loc["hf_generate", "lossless_match"] == 1.0  # greedy generate() = our loop with no drafts
+    assert summary.loc["hf_generate", "identical"] == 1.0  # greedy generate() = our loop with no drafts
     assert summary.loc["hf_generate", "tau"] == pytest.approx(1.0) and summary.loc["hf_generate", "tokens_per_s"] > 0
     with pytest.raises(SpecbenchError, match="eval.hf_generate compares greedy decoding; sampling.temperature=0.7"):
         eval_task.run(compose_cfg([*overrides, "sampling=sample", "sampling.temperature=0.7"], tmp_path / "r2"))

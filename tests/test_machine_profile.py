@@ -77,6 +77,36 @@ def test_a_quantised_execution_slower_at_both_ends_is_recorded_not_measured(tiny
     assert len(measuring) == 4  # the reason counts as known: nothing is measured again
 
 
+def test_a_run_that_asks_for_more_executions_measures_only_the_new_ones(tiny, measuring, monkeypatch, capsys):
+    """A first run's profile (eager fp32), then a run that also weighs prepacked and int4: only those two are timed,
+    the cached curve is kept as it was, and the notice says what was measured and what was cached. A float
+    execution twice as slow as a measured float one at both ends is recorded, not measured: it can be neither the
+    cheapest verify nor the float weights' fastest plain decoding."""
+    first = load(tiny)
+    assert len(measuring) == 1
+    capsys.readouterr()
+    more = load_or_measure_profile(tiny, dtypes=["float32"], sizes=SIZES, contexts=CONTEXTS, repeats=1,
+                                   backends=["eager", "prepacked"], weights=["fp", "int4_g32"])
+    out = capsys.readouterr().out
+    assert "2 execution(s): prepacked/float32, eager/float32/int4_g32" in out and "1 cached" in out
+    assert len(measuring) == 1 + 2 + 2  # prepacked: a dominance probe and its curve; int4 the same
+    eager = more.latency[(more.latency["backend"] == "eager") & (more.latency["weights"] == "fp")]
+    pd.testing.assert_frame_equal(eager.reset_index(drop=True), first.latency.reset_index(drop=True), check_dtype=False)
+    assert set(more.executions) >= {("eager", "float32", "fp"), ("prepacked", "float32", "fp")}
+
+    def slow_packed(model, sizes, contexts, repeats, statistic):
+        from specbench.models.backends import PackedLinear
+        frame = fake_latency(model, sizes, contexts, repeats, statistic)
+        return frame.assign(ms=frame["ms"] * 3) if any(isinstance(m, PackedLinear) for m in model.modules()) else frame
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(machine_profile.cache_root() / "other"))
+    monkeypatch.setattr(machine_profile, "latency_profile", lambda *a, **k: measuring.append(a) or slow_packed(*a, **k))
+    profile = load_or_measure_profile(tiny, dtypes=["float32"], sizes=SIZES, contexts=CONTEXTS, repeats=1,
+                                      backends=["eager", "prepacked"])
+    assert profile.machine["unsupported"]["prepacked/float32"].startswith("dominated:")
+    assert set(profile.executions) == {("eager", "float32", "fp")}
+
+
 # --- the cache file ----------------------------------------------------------------------------------------------
 
 def test_a_truncated_profile_is_measured_again_with_a_one_line_notice(tiny, measuring, capsys):

@@ -17,6 +17,7 @@ from specbench.models.artifact import ADAPTER_PREFIX, load_artifact, save_artifa
 from specbench.tasks import eval as eval_task
 from specbench.tasks.train import train
 from specbench.training.medusa import MedusaModule, sine_ramp
+from specbench.trees.chain import ChainPolicy
 from specbench.trees.greedy import GreedyPolicy
 from specbench.trees.static import StaticPolicy
 
@@ -73,7 +74,10 @@ def test_medusa_heads_predict_from_the_last_accepted_node(tiny, heads_artifact):
 
 
 def test_a_tree_deeper_than_the_heads_is_refused(tiny, heads_artifact):
-    drafter = MedusaDrafter(tiny, StaticPolicy(choices=[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]), str(heads_artifact))
+    """A static tree is refused when the drafter is built; a chain grown past the heads when it gets there."""
+    with pytest.raises(SpecbenchError, match="tree=static is 4 tokens deep, but .* drafts with 3 heads"):
+        MedusaDrafter(tiny, StaticPolicy(choices=[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]), str(heads_artifact))
+    drafter = MedusaDrafter(tiny, ChainPolicy(budget=5), str(heads_artifact))
     with pytest.raises(SpecbenchError, match="3 heads"):
         decode(tiny, drafter, PROMPTS[0])
 

@@ -110,10 +110,11 @@ def medusa_folder(folder: Path, target, layers: int, name: str, heads: int = 3, 
     for p in module.parameters():
         torch.nn.init.normal_(p, std=0.5 / cfg.hidden_size ** 0.5)
     config = {"medusa_num_heads": stated or heads, "medusa_num_layers": layers,
-              "base_model_name_or_path": "lively_tiny"}
+              "base_model_name_or_path": target.name}
     state = module.state_dict()
     if name == "model.safetensors":  # Medusa-2: the whole tuned model, the heads under medusa_head.
-        state = {f"medusa_head.{k}": v.clone() for k, v in state.items()} | target.model.state_dict()
+        state = {f"medusa_head.{k}": v.clone() for k, v in state.items()} | {
+            k: v.clone() for k, v in target.model.state_dict().items()}  # a tied LM head: stored once per key
         config |= target.model.config.to_dict()
     elif name.endswith(".safetensors"):
         state = {k: v.clone() for k, v in state.items()}  # safetensors stores each (shared) tensor once per key
@@ -360,7 +361,7 @@ def ppd_folder(folder: Path, target, m: int, members: int, **config) -> tuple[Pa
     adapter = {"peft_type": "PROMPT_TUNING", "num_special_tokens": m, "virtual_tokens_per_special_token": members,
                "num_virtual_tokens": m * members, "token_dim": target.model.config.hidden_size,
                "vt_attention_type": "ensemble", "aggregation_type": "mean", "use_custom_lm_head": False,
-               "use_prefix_tuning": False, "num_exits": 1, "base_model_name_or_path": "lively_tiny", **config}
+               "use_prefix_tuning": False, "num_exits": 1, "base_model_name_or_path": target.name, **config}
     return write(folder, adapter, "adapter_model.safetensors", {"prompt_embeddings": embeds},
                  "adapter_config.json"), embeds
 
@@ -418,7 +419,7 @@ def test_layout_errors_are_one_line(tmp_path, target):
     (medusa / "config.json").write_text(json.dumps(config | {"medusa_num_layers": 2}))
     with pytest.raises(SpecbenchError, match="does not match its config's medusa_num_layers=2"):
         MedusaDrafter(target, STATIC, checkpoint=str(medusa))
-    with pytest.raises(SpecbenchError, match="hidden size 64 and vocabulary 64 .*'lively_tiny'.* has 32 and 64"):
+    with pytest.raises(SpecbenchError, match="hidden size 64 and vocabulary 64 .*'tiny_random'.* has 32 and 64"):
         (medusa / "config.json").write_text(json.dumps(config))
         MedusaDrafter(tiny_random(hidden_size=32, vocab_size=64), STATIC, checkpoint=str(medusa))
     with pytest.raises(SpecbenchError, match="published Medusa layout, not eagle's"):
@@ -508,3 +509,84 @@ def test_a_content_fingerprint_follows_the_content_not_the_name(tmp_path, monkey
     (tmp_path / "copy" / "config.json").write_text(json.dumps({"medusa_num_heads": 3}))
     assert files.content_fingerprint(tmp_path / "copy") != before
     assert files.content_fingerprint(tmp_path / "nothing.safetensors") == "missing"
+
+
+# ---- a published folder that is not the run's: one line each, before decoding (issue 34) -----------------------------
+
+def test_medusa_head_count_and_tree_depth_are_checked(tmp_path, target):
+    folder, _ = medusa_folder(tmp_path / "m", target, 1, "medusa_lm_head.safetensors", heads=2)
+    with pytest.raises(SpecbenchError, match=r"num_heads=4 is invalid: .*holds 2 heads, so give an integer in 1\.\.2"):
+        MedusaDrafter(target, ChainPolicy(budget=3), checkpoint=str(folder), num_heads=4)
+    assert MedusaDrafter(target, ChainPolicy(budget=3), checkpoint=str(folder), num_heads=1).num_heads == 1
+    with pytest.raises(SpecbenchError, match="tree=static is 3 tokens deep, but .* drafts with 2 heads"):
+        MedusaDrafter(target, STATIC, checkpoint=str(folder))
+    stated, _ = medusa_folder(tmp_path / "s", target, 1, "medusa_lm_head.safetensors", heads=2, stated=4)
+    with pytest.raises(SpecbenchError, match="states medusa_num_heads=4 .* weights hold 2 heads"):
+        MedusaDrafter(target, ChainPolicy(budget=3), checkpoint=str(stated))
+
+
+@pytest.mark.parametrize("kind", ["medusa", "ppd"])
+def test_a_config_naming_another_base_model_is_refused(tmp_path, target, kind):
+    """Shapes that fit are not enough: the config's base_model_name_or_path must name the target, by its last path
+    part (a hub id, a local folder or a hub cache snapshot of it)."""
+    if kind == "medusa":
+        folder, _ = medusa_folder(tmp_path / "m", target, 1, "medusa_lm_head.safetensors")
+        build = lambda: MedusaDrafter(target, ChainPolicy(budget=3), checkpoint=str(folder))  # noqa: E731
+    else:
+        folder, _ = ppd_folder(tmp_path / "p", target, m=3, members=1)
+        build = lambda: PPDDrafter(target, NativePolicy(budget=16), checkpoint=str(folder),  # noqa: E731
+                                   accept_prob=ACCURACY)
+    name = "adapter_config.json" if kind == "ppd" else "config.json"
+    config = json.loads((folder / name).read_text())
+    for same in ("acme/TINY_RANDOM", "/models/tiny_random/", "/hub/models--acme--tiny_random/snapshots/abc"):
+        (folder / name).write_text(json.dumps(config | {"base_model_name_or_path": same}))
+        build()
+    (folder / name).write_text(json.dumps(config | {"base_model_name_or_path": "lmsys/vicuna-7b-v1.3"}))
+    with pytest.raises(SpecbenchError, match="trained for base model 'lmsys/vicuna-7b-v1.3' .* but the target is "
+                                             "'tiny_random'"):
+        build()
+
+
+def test_a_medusa2_folder_must_be_the_target(tmp_path, target):
+    folder, _ = medusa_folder(tmp_path / "m2", target, 1, "model.safetensors")
+    other = lively_tiny(seed=5)
+    with pytest.raises(SpecbenchError, match="is a Medusa-2 model .* its token embedding .* is not the target"):
+        MedusaDrafter(other, ChainPolicy(budget=3), checkpoint=str(folder))
+
+
+@pytest.mark.parametrize("damage,message", [
+    ({"d2t": -1}, r"to target ids -1\.\.\d+ \(40 distinct\); each must be a distinct id in 0\.\.63"),
+    ({"d2t": 100}, r"to target ids \d+\.\.\d+ \(40 distinct\); each must be a distinct id in 0\.\.63"),
+    ({"d2t": "repeat"}, r"\(39 distinct\); each must be a distinct id"),
+    ({"t2d": "all"}, "its t2d flags 64 target ids"),
+    ({"t2d": "shifted"}, r"its t2d flags 40 target ids, 1 of d2t's 40 not among them"),
+    ({"t2d": "short"}, r"its t2d has shape \(10,\)"),
+])
+def test_eagle3_vocabulary_maps_are_checked_both_ways(tmp_path, deep_target, damage, message):
+    draft_ids = list(range(3, 43))
+    folder, _, state = eagle3_folder(tmp_path / "e3", deep_target, draft_ids, "model.safetensors")
+    d2t, t2d = state["d2t"].clone(), state["t2d"].clone()
+    if "d2t" in damage:
+        if damage["d2t"] == "repeat":
+            d2t[1] = d2t[0] - 1  # draft ids 0 and 1 both map to target id 3
+        else:
+            d2t[0] = damage["d2t"]  # draft id 0 -> target id 0 + d2t[0]
+    elif damage["t2d"] == "all":
+        t2d[:] = True
+    elif damage["t2d"] == "shifted":
+        t2d[3], t2d[50] = False, True
+    else:
+        t2d = t2d[:10]
+    save_file({k: v.contiguous() for k, v in (state | {"d2t": d2t, "t2d": t2d}).items()},
+              str(folder / "model.safetensors"))
+    with pytest.raises(SpecbenchError, match=message):
+        EagleDrafter(deep_target, DynamicPolicy(budget=8, top_k=2, depth=3), checkpoint=str(folder))
+
+
+def test_our_eagle_artifacts_d2t_is_checked(tmp_path, target):
+    from specbench.drafters.eagle import check_d2t
+
+    assert check_d2t(torch.tensor([0, 5, 63]), 64, "x").tolist() == [0, 5, 63]
+    for bad in ([-1, 5], [0, 64], [3, 3], [[1]]):
+        with pytest.raises(SpecbenchError, match="checkpoint 'x'"):
+            check_d2t(torch.tensor(bad), 64, "x")

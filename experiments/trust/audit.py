@@ -247,5 +247,192 @@ def main() -> None:
             print(f"| {name} | {how} | {wrong} |", flush=True)
 
 
+# --- issue 34: run folders, caches and the command line (python audit.py --issue34 [--tree T]) ---
+
+PROFILE = [*RUN, "eval.dtype=auto", "model.backend=auto", "eval.profile_backends=[eager]", "eval.profile_weights=[fp]"]
+SLOW = [*RUN, "eval.num_prompts=10", "eval.max_new_tokens=96"]
+
+
+def interrupted(code: int, err: str) -> str:
+    """Ctrl-C: exit 130 and one `error:` line is the goal; Hydra's dump or a traceback is not."""
+    lines = [line for line in err.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error:")]
+    if code == 130 and len(errors) == 1 and "Traceback" not in err:
+        return f"one line, exit 130: `{errors[0][7:][:200]}`"
+    return Audit.verdict(code, err).replace("exit 1:", f"exit {code}:")
+
+
+def whole_lines(folder: Path) -> str:
+    path = folder / "records.jsonl"
+    if not path.exists():
+        return "no records.jsonl"
+    data = path.read_bytes()
+    cut = bool(data) and not data.endswith(b"\n")
+    whole = data.count(b"\n")
+    return f"{whole} whole records" + (", **a cut line at the end**" if cut else "")
+
+
+def mounted(point: Path, size: str, read_only: bool = False) -> bool:
+    """A tmpfs of `size` at point (root only), read-only if asked: a full or read-only disk for real."""
+    point.mkdir(parents=True, exist_ok=True)
+    ok = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(point)]).returncode == 0
+    if ok and read_only:
+        ok = subprocess.run(["mount", "-o", "remount,ro", str(point)]).returncode == 0
+    return ok
+
+
+def issue34_cases(audit: Audit, data: Path):
+    """(case, how it ended, what it got silently wrong or '')."""
+    env = dict(audit.env)
+
+    def with_env(**changes):
+        audit.env = {k: v for k, v in {**env, **changes}.items() if v is not None}
+
+    # 1. records written through a symlink
+    folder = Path(tempfile.mkdtemp(dir=audit.scratch)) / "run"
+    folder.mkdir()
+    outside = audit.scratch / "outside.jsonl"
+    outside.write_text("")
+    (folder / "records.jsonl").symlink_to(outside)
+    code, _, err, _ = audit.run(RUN, folder)
+    n = outside.read_text().count("\n")
+    yield ("records.jsonl a symlink to a file outside the folder", audit.verdict(code, err),
+           f"{n} records appended to {outside}, outside the run folder" if n else "")
+
+    # 2. two first runs on a fresh cache, at once
+    with_env(SPECBENCH_CACHE=str(audit.scratch / "fresh_cache"))
+    procs = [audit.run(PROFILE, wait=False) for _ in range(2)]
+    outs = [p.communicate(timeout=900) for p in procs]
+    measured = [o for o, _ in outs if "measuring this machine's profile" in o]
+    l1 = [line.split("L(1)")[1].split("ms")[0].strip() for o, _ in outs for line in o.splitlines() if "L(1)" in line]
+    waited = any("waiting for another process" in o for o, _ in outs)
+    how = f"exit {procs[0].returncode} and {procs[1].returncode}; {len(measured)} of 2 measured the profile" + (
+        f" (L(1) {' and '.join(l1)} ms)" if l1 else "") + ("; the second waited and read the first's" if waited else "")
+    yield ("two first runs at once on a fresh cache (eval.dtype=auto model.backend=auto)", how,
+           "both measured side by side, and the contended numbers were cached" if len(measured) == 2 else "")
+    with_env()
+
+    # 3. caches and run folders that cannot be written
+    cache_file = audit.scratch / "cache_file"
+    cache_file.write_text("a file, not a folder")
+    with_env(SPECBENCH_CACHE=str(cache_file))
+    code, _, err, _ = audit.run(PROFILE)
+    yield "SPECBENCH_CACHE a file (a run that profiles)", audit.verdict(code, err), ""
+    ro = audit.scratch / "ro_cache"
+    if mounted(ro, "1m", read_only=True):
+        with_env(SPECBENCH_CACHE=str(ro))
+        code, _, err, _ = audit.run(PROFILE)
+        yield "SPECBENCH_CACHE read-only (a run that profiles)", audit.verdict(code, err), ""
+        subprocess.run(["umount", str(ro)])
+    with_env()
+    ro = audit.scratch / "ro_run"
+    if mounted(ro, "1m", read_only=True):
+        code, _, err, _ = audit.run(RUN, ro)
+        yield "a read-only run folder", audit.verdict(code, err), ""
+        subprocess.run(["umount", str(ro)])
+    small = audit.scratch / "small_disk"
+    if mounted(small, "96k"):
+        folder = small / "run"
+        code, _, err, _ = audit.run(SLOW, folder)
+        kept = whole_lines(folder)
+        subprocess.run(["mount", "-o", "remount,size=8m", str(small)])  # space freed
+        again, _, err2, _ = audit.run(SLOW, folder)
+        keys = [(r["method"], r["question_id"], r["turn"]) for r in records(folder)]
+        yield ("a full disk while decoding (96 KiB tmpfs), then space freed and the same command again",
+               audit.verdict(code, err) + f"; {kept}; rerun: exit {again}, {len(keys)} records, "
+               f"{len(keys) - len(set(keys))} duplicated",
+               "" if again == 0 else f"the rerun failed: {audit.verdict(again, err2)}")
+        subprocess.run(["umount", str(small)])
+
+    # Ctrl-C while decoding, then the rerun the message gives (or the same command into the same folder)
+    folder = Path(tempfile.mkdtemp(dir=audit.scratch)) / "run"
+    cmd = [sys.executable, str(audit.tree / "run.py"), *SLOW, f"hydra.run.dir={folder}"]
+    proc = subprocess.Popen(cmd, cwd=audit.scratch, env=audit.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline and len(records(folder)) < 3:
+        time.sleep(0.05)
+    os.killpg(proc.pid, 2)  # SIGINT to the foreground group, as a terminal's Ctrl-C
+    _, err = proc.communicate(timeout=300)
+    before = len(records(folder))
+    code, _, err2, _ = audit.run(SLOW, folder)
+    keys = [(r["method"], r["question_id"], r["turn"]) for r in records(folder)]
+    yield (f"Ctrl-C after {before} records, then the same command into the folder", interrupted(proc.returncode, err)
+           + f"; rerun: exit {code}, {len(keys)} records, {len(keys) - len(set(keys))} duplicated", "")
+
+    code, _, err, _ = audit.run(["task=report", f"report.run={audit.scratch / 'no_such_run'}"])
+    yield "task=report report.run=<a folder that does not exist>", audit.verdict(code, err), ""
+
+    netrc = audit.scratch / "empty_netrc"
+    netrc.write_text("")
+    with_env(WANDB_MODE=None, WANDB_API_KEY=None, NETRC=str(netrc))
+    code, _, err, folder = audit.run([*RUN, "logger=wandb", "logger.offline=false"])
+    n = len(records(folder))
+    yield ("logger=wandb logger.offline=false without a W&B API key", audit.verdict(code, err),
+           f"failed after decoding {n} records" if n else "")
+    with_env()
+
+    # the GGUF's converted copy in the cache, cut short (SmolLM2-135M: eager, SDPA, fp32, so nothing is profiled)
+    smol = ["model=smollm2_135m", "model.backend=eager", "model.attention=sdpa", *RUN[1:]]
+    code, _, err, _ = audit.run(smol)
+    copies = sorted((audit.scratch / "cache" / "models").glob("smollm2_135m-*/model.safetensors"))
+    if copies:
+        copies[0].write_bytes(copies[0].read_bytes()[: copies[0].stat().st_size // 3])
+        code, out, err, _ = audit.run(smol)
+        notice = [line for line in out.splitlines() if line.startswith("notice:")]
+        yield ("GGUF cache: converted model.safetensors cut short", audit.verdict(code, err)
+               + (f"; notice: `{notice[0][:140]}`" if code == 0 and notice else ""), "")
+    else:
+        yield "GGUF cache: converted model.safetensors cut short", f"no copy made ({audit.verdict(code, err)})", ""
+
+    # 4. misleading messages
+    cut = audit.scratch / "cut_store.npz"
+    cut.write_bytes(b"PK\x03\x04 cut short")
+    folder = Path(tempfile.mkdtemp(dir=audit.scratch)) / "run"
+    code, _, err, _ = audit.run([*RUN, "method=sssd", f"datastore.path={cut}"], folder)
+    left = (folder / "settings.json").exists()
+    code2, _, err2, _ = audit.run([*RUN, "method=sssd", "method.drafter.sources=[input]"], folder)
+    yield ("SSSD refused (datastore cut short), then rerun without the datastore into the same folder",
+           audit.verdict(code, err) + f"; then: {audit.verdict(code2, err2)}",
+           "the refused run left settings.json, which refused the corrected rerun" if left and code2 else "")
+
+    rows = [{"question_id": q, "turns": [f"question {q}"]} for q in "ab"]
+    (data / "array.jsonl").write_text(json.dumps(rows))
+    (data / "bom.jsonl").write_bytes(b"\xef\xbb\xbf" + "".join(json.dumps(r) + "\n" for r in rows).encode())
+    (data / "empty.jsonl").write_text("")
+    for name, args in [("dataset.path a JSON array (not JSONL)", [f"dataset.path={data}/array.jsonl"]),
+                       ("dataset.path JSONL with a UTF-8 byte-order mark", [f"dataset.path={data}/bom.jsonl"]),
+                       ("dataset.path an empty file", [f"dataset.path={data}/empty.jsonl"])]:
+        code, out, err, folder = audit.run([*RUN, "dataset=jsonl", *args])
+        loaded = "backend/dtype" in out + err or (folder / "specbench.log").exists() and "backend/dtype" in (
+            folder / "specbench.log").read_text()
+        yield name, audit.verdict(code, err) + ("; the model loaded first" if code and loaded else ""), ""
+
+    for name, args in [("model.weights=int4 model.group_size=256 (tiny hidden size 64)",
+                        ["model.weights=int4", "model.group_size=256"]),
+                       ("tree.budget=100000 on a 512-token model", ["tree.budget=100000"])]:
+        code, out, err, folder = audit.run([*RUN, *args])
+        log = folder / "specbench.log"
+        loaded = log.exists() and "backend/dtype" in log.read_text()
+        yield name, audit.verdict(code, err) + ("; the model loaded first" if code and loaded else ""), (
+            "accepted: ran with it" if code == 0 else "")
+
+
+def issue34_main() -> None:
+    parser = argparse.ArgumentParser(description="issue 34's cases")
+    parser.add_argument("--issue34", action="store_true")
+    parser.add_argument("--tree", type=Path, default=Path(__file__).resolve().parents[2])
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        scratch = Path(tmp)
+        data = scratch / "data"
+        data.mkdir()
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=args.tree, capture_output=True,
+                                text=True).stdout.strip()
+        print(f"| case | how it ended at {commit} | what it got silently wrong |\n|---|---|---|")
+        for name, how, wrong in issue34_cases(Audit(args.tree.resolve(), scratch), data):
+            print(f"| {name} | {how} | {wrong} |", flush=True)
+
+
 if __name__ == "__main__":
-    main()
+    issue34_main() if "--issue34" in sys.argv else main()

@@ -37,7 +37,7 @@ def read_jsonl(path: str | Path) -> list[Prompt]:
     opener = gzip.open if path.suffix == ".gz" else open
     prompts, lines, lineno = [], {}, 0
     try:
-        with opener(path, "rt", encoding="utf-8") as fh:
+        with opener(path, "rt", encoding="utf-8-sig") as fh:  # -sig: a byte-order mark some editors write is read
             for lineno, line in enumerate(fh, 1):
                 if line.strip():
                     prompts.append(_parse_line(path, lineno, line))
@@ -48,6 +48,9 @@ def read_jsonl(path: str | Path) -> list[Prompt]:
     except (OSError, EOFError) as exc:  # unreadable, or a .gz that is not gzip
         raise SpecbenchError(f"dataset file '{path}' cannot be read ({exc}); set dataset.path to a JSONL "
                              f"file") from None
+    if not prompts:
+        raise SpecbenchError(f"dataset file '{path}' is empty (no prompts); give it lines of "
+                             f'{{"question_id": ..., "category": ..., "turns": ["..."]}}')
     repeats = {q: n for q, n in lines.items() if len(n) > 1}
     if repeats:
         shown = "; ".join(f"'{q}' on lines {', '.join(map(str, n))}" for q, n in list(repeats.items())[:3])
@@ -60,6 +63,10 @@ def read_jsonl(path: str | Path) -> list[Prompt]:
 def _parse_line(path: Path, lineno: int, line: str) -> Prompt:
     try:
         row = json.loads(line)
+        if not isinstance(row, dict):
+            kind = "an array" if isinstance(row, list) else f"{json.dumps(row)[:20]}"
+            raise ValueError(f"it is {kind}, not a JSON object; a JSON array of prompts must be written one object "
+                             f"per line")
         turns = row["turns"]
         if isinstance(turns, str) or not turns or not all(isinstance(t, str) for t in turns):
             raise ValueError("'turns' must be a non-empty list of strings")

@@ -90,6 +90,20 @@ def load_eagle_head(target: LoadedModel, checkpoint: str | None) -> tuple[EagleH
     return head.to(device=target.model.device, dtype=target.model.dtype).eval(), meta
 
 
+def check_d2t(d2t: torch.Tensor, vocab: int, checkpoint) -> torch.Tensor:
+    """The draft-to-target id map, checked: every id a distinct target token in 0..vocab-1. A negative id would index
+    from the end and a repeated one overwrite another's probability, drafting silently wrong tokens."""
+    if d2t.ndim != 1 or not len(d2t) or d2t.is_floating_point():
+        raise SpecbenchError(f"checkpoint '{checkpoint}': its draft-to-target map d2t is a {d2t.dtype} tensor of shape "
+                             f"{tuple(d2t.shape)}; it must list one integer target id per draft token")
+    low, high, distinct = int(d2t.min()), int(d2t.max()), len(torch.unique(d2t))
+    if low < 0 or high >= vocab or distinct != len(d2t):
+        raise SpecbenchError(f"checkpoint '{checkpoint}': its d2t map sends its {len(d2t)} draft ids to target ids "
+                             f"{low}..{high} ({distinct} distinct); each must be a distinct id in 0..{vocab - 1} (the "
+                             f"target's vocabulary)")
+    return d2t.long()
+
+
 # draft_ms's measurement: rows per expand, the context of its draft cache, the timed repeats, the root's rows
 LEVEL_ROWS, COST_CONTEXT, COST_REPEATS, ROOT_ROWS = (1, 2, 4, 8, 16, 32, 64), 192, 5, 3
 
@@ -107,8 +121,8 @@ class EagleDrafter(Drafter):
         self.head, meta = load_eagle_head(target, checkpoint)
         self.needs_hidden_states = self.head.layers
         self.embed = target.model.get_input_embeddings()
-        self.vocab_size = target.model.config.vocab_size
-        self.d2t = self.head.d2t.cpu()
+        self.vocab_size, self.hidden_size = target.model.config.vocab_size, target.model.config.hidden_size
+        self.d2t = check_d2t(self.head.d2t.cpu(), self.vocab_size, checkpoint)
         if isinstance(tree, GreedyPolicy):
             accuracy = meta["metrics"].get("rank_accuracy")  # a published checkpoint carries none
             if accuracy is None and tree.accept_prob is None:
@@ -229,19 +243,20 @@ class EagleDrafter(Drafter):
     @torch.inference_mode()
     def _cost_cache(self) -> DynamicCache:
         """The head's draft cache over COST_CONTEXT rows, the context its expands are timed on."""
-        cache, width = DynamicCache(), self.head.fc.in_features // 2
-        self.head(torch.zeros(1, COST_CONTEXT, width, device=self.embed.weight.device, dtype=self.head.fc.weight.dtype),
+        cache = DynamicCache()  # the head reads fused features: the target's hidden size wide (EAGLE-3's fc is 3d)
+        device, dtype = self.embed.weight.device, self.head.fc.weight.dtype
+        self.head(torch.zeros(1, COST_CONTEXT, self.hidden_size, device=device, dtype=dtype),
                   self._embed([0] * COST_CONTEXT), past_key_values=cache)
         return cache
 
     @torch.inference_mode()
     def _expand_once_ms(self, cache: DynamicCache, n: int) -> float:
         """ms of one expand of the head over n rows after `cache`, which is cropped back afterwards."""
-        device, dtype, width = self.embed.weight.device, self.head.fc.weight.dtype, self.head.fc.in_features // 2
+        device, dtype = self.embed.weight.device, self.head.fc.weight.dtype
         mask = torch.ones(1, 1, n, COST_CONTEXT + n, dtype=torch.bool, device=device)
         positions = torch.full((1, n), COST_CONTEXT, device=device)
         start = time.perf_counter()
-        out = self.head(torch.zeros(1, n, width, device=device, dtype=dtype), self._embed([0] * n),
+        out = self.head(torch.zeros(1, n, self.hidden_size, device=device, dtype=dtype), self._embed([0] * n),
                         attention_mask=mask, position_ids=positions, past_key_values=cache)
         self._draft_probs(out[0]).topk(4)
         elapsed = time.perf_counter() - start

@@ -21,6 +21,7 @@ from specbench.models.loading import LoadedModel
 from specbench.models.artifact import ADAPTER_PREFIX, tuned_backbone
 from specbench.models.published import load_drafter_checkpoint
 from specbench.trees.greedy import GreedyPolicy
+from specbench.trees.static import StaticPolicy
 from specbench.trees.policy import GrowingTree, TreePolicy
 from specbench.trees.token_tree import TokenTree
 
@@ -87,7 +88,11 @@ class MedusaDrafter(Drafter):
         model = target.model
         self.heads = heads.to(device=model.device, dtype=model.dtype).eval()
         self.lm_head = model.get_output_embeddings()
-        self.num_heads = min(num_heads or arch["num_heads"], arch["num_heads"])
+        if num_heads is not None and not (isinstance(num_heads, int) and 1 <= num_heads <= arch["num_heads"]):
+            raise SpecbenchError(f"method.drafter.num_heads={num_heads!r} is invalid: checkpoint '{checkpoint}' holds "
+                                 f"{arch['num_heads']} heads, so give an integer in 1..{arch['num_heads']} or null for "
+                                 f"all of them")
+        self.num_heads = num_heads or arch["num_heads"]
         if isinstance(tree, GreedyPolicy):
             accuracy = meta["metrics"].get("rank_accuracy")  # a published checkpoint carries none
             if accuracy is None and tree.accept_prob is None:
@@ -95,6 +100,11 @@ class MedusaDrafter(Drafter):
                                      f"give tree.accept_prob (a calibration JSON or a preset, e.g. Medusa's own "
                                      f"medusa_vicuna_7b_accuracies) or use tree=static (Medusa's mc_sim_7b_63)")
             tree = tree.with_accept_prob(accuracy and accuracy[: self.num_heads])
+        if isinstance(tree, StaticPolicy) and tree.depth > self.num_heads:  # greedy's too: caught before decoding
+            raise SpecbenchError(f"tree={tree.name} is {tree.depth} tokens deep, but the Medusa checkpoint "
+                                 f"'{checkpoint}' drafts with {self.num_heads} heads (one per depth); use a tree of "
+                                 f"depth <= {self.num_heads} (tree.accept_prob with {self.num_heads} rows, or "
+                                 f"tree.choices)")
         self.tree = tree
         self._probs: torch.Tensor | None = None
 

@@ -20,8 +20,8 @@ from specbench.data.prompts import Prompt, PromptDataset, encode_conversation
 from specbench.decoding import Decoder, Generation
 from specbench.drafters.autoregressive import AutoregressiveDrafter
 from specbench.drafters.base import Drafter
+from specbench.engines.base import Engine
 from specbench.errors import SpecbenchError
-from specbench.evaluation.hf_generate import HF_GENERATE, HFGenerate
 from specbench.evaluation.memory import peak_allocated_bytes
 from specbench.evaluation.metrics import BASELINE, decoded
 from specbench.models.loading import LoadedModel
@@ -62,6 +62,7 @@ class MethodRun:
     method_name: str = ""  # the method config behind the label
     target: LoadedModel | None = None  # None: the run's target; a baseline in another dtype brings its own copy
     reference: str | None = None  # the label of its lossless reference, when not the plain decoding of the target
+    engine: Engine | None = None  # an engine row (evaluation/engines.py): it decodes the prompts itself
 
 
 class Evaluator:
@@ -92,12 +93,9 @@ class Evaluator:
             out.append(run)
         return out
 
-    def _decoder(self, run: MethodRun) -> Decoder:
-        if run.method_name == HF_GENERATE:
-            tok = self.target.tokenizer
-            return HFGenerate((run.target or self.target).model, self.sampling, self.settings.max_new_tokens,
-                              self.target.eos_token_ids, tok.pad_token_id if tok.pad_token_id is not None
-                              else self.target.eos_token_ids[0])
+    def _decoder(self, run: MethodRun) -> Decoder | Engine:
+        if run.engine is not None:
+            return run.engine
         cls = Decoder if self.settings.batch_size == 1 else BatchDecoder
         return cls((run.target or self.target).model, run.drafter, run.acceptance, self.sampling, self.settings.max_new_tokens,
                        self.target.eos_token_ids, seed=self.settings.seed, max_context=self.target.max_context)
@@ -180,6 +178,11 @@ class Evaluator:
             record["model"] = run.target.name  # a tuned backbone names itself: <model>+medusa2:<checkpoint>
         if run.reference is not None:
             record["reference"] = run.reference
+        if run.engine is not None and not fields.get("skipped"):  # the row names what it ran: version, weights, threads
+            about = run.engine.describe()
+            record |= {"engine": run.engine.name, "engine_mode": run.engine.mode, "engine_version": about["version"],
+                       "backend": run.engine.name, "weights": about["weights"], "threads": about["threads"],
+                       "dtype": about.get("dtype"), "lossless_rule": False}
         self.store.append(record)
         return record
 

@@ -22,7 +22,7 @@ from specbench.config import CONF_DIR, build
 from specbench.data.datastore import default_path
 from specbench.drafters.base import Drafter
 from specbench.errors import SpecbenchError
-from specbench.evaluation.hf_generate import HF_GENERATE
+from specbench.evaluation.engines import HF_GENERATE
 from specbench.evaluation.metrics import BASELINE
 from specbench.models.backends import with_backend
 from specbench.models.loading import LoadedModel

@@ -22,7 +22,7 @@ from specbench.config import build
 from specbench.drafters.autoregressive import AutoregressiveDrafter
 from specbench.errors import SpecbenchError
 from specbench.evaluation.evaluator import EvalSettings, MethodRun
-from specbench.evaluation.hf_generate import HF_GENERATE, check_greedy
+from specbench.evaluation.engines import build_engines, engine_runs, requested
 from specbench.evaluation.methods import MethodEntry, build_drafter, check_tree, resolve_entries
 from specbench.evaluation.metrics import BASELINE, EAGER_REFERENCE
 from specbench.evaluation.precision import AUTO, ExecutionPlan, check_dtype, parse_execution, plan
@@ -53,6 +53,7 @@ class Request:
     entries: list[MethodEntry]
     trees: list[TreePolicy]  # each entry's tree policy, unfitted: a hardware-aware one has only its cap yet
     profile_backends: list[str]
+    engines: list  # eval.engines (and eval.hf_generate) as EngineEntry: the engine rows (evaluation/engines.py)
 
     @property
     def sized(self) -> bool:
@@ -83,15 +84,14 @@ def request(cfg, overrides: list[str] | None = None) -> Request:
     for text in cfg.eval.get("plain_executions") or []:
         parse_execution(text, cfg.model.get("group_size", 32))
     sampling = SamplingParams(**cfg.sampling)
-    if cfg.eval.hf_generate:
-        check_greedy(sampling)
     if overrides is None and HydraConfig.initialized():
         overrides = list(HydraConfig.get().overrides.task)
     entries = resolve_entries(cfg, overrides or [])
     trees = [build(e.cfg.tree) for e in entries]
     for entry, tree in zip(entries, trees):
         check_tree(entry.cfg.method.drafter, tree)
-    return Request(settings, sampling, entries, trees, profile_backends)
+    engines = requested(cfg, sampling, [e.label for e in entries])
+    return Request(settings, sampling, entries, trees, profile_backends, engines)
 
 
 def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Path) -> Plan:
@@ -105,6 +105,9 @@ def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Pat
     execution = plan(cfg.eval.dtype, backend, machine, float(np.mean([t.budget for t in req.trees])), context,
                      weights, formats)
     log.info("backend/dtype/weights %s", execution.reason)
+    if machine is not None and formats == ["fp"]:
+        log.info("speedup_any weighs float weights only (eval.profile_weights=[fp]); eval.profile_weights=[fp,int8,int4] "
+                 "adds the quantised targets' plain decoding (measured once per machine)")
     # drafters are built on the eager model in the run's dtype and weights (build_drafter says why)
     cast = with_dtype(with_weights(loaded, execution.weights), execution.dtype)
     target = with_backend(cast, execution.backend)
@@ -120,9 +123,11 @@ def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Pat
     eager_ref = cfg.eval.eager_reference and execution.backend != "eager" and EAGER_REFERENCE not in fastest
     if eager_ref:  # the run's dtype on transformers' own forward: every method's tokens are also checked against it
         per_method[EAGER_REFERENCE] = {**BASELINE_SETTINGS, "dtype": execution.dtype, "backend": "eager"}
-    if cfg.eval.hf_generate:
-        per_method[HF_GENERATE] = {"method": {"name": HF_GENERATE}, "dtype": fast_d, "backend": "eager",
-                                   "weights": fast_w}
+    def cast_to(d: str, w: str) -> LoadedModel:
+        return cast if (d, w) == (execution.dtype, execution.weights) else with_dtype(with_weights(loaded, w), d)
+
+    engines = build_engines(cfg, req.engines, cast_to(fast_d, fast_w), loaded)  # on the eager model in the fastest plain decoding's dtype
+    per_method |= {b.entry.label: b.settings() for b in engines}
     shared = shared_settings(cfg, execution.dtype, execution.backend, execution.weights, attention_tag(loaded))
     check_and_save_settings(out, shared, per_method)
     hashes = {label: hash_of(shared, m) for label, m in per_method.items()}
@@ -130,18 +135,12 @@ def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Pat
     latency = latency_curve(hw, machine, target, execution, context) if req.sized else None
     runs = [MethodRun(e.label, _drafter(e, tree, cast, execution.backend, latency), build(e.cfg.accept),
                       hashes[e.label], e.name) for e, tree in zip(req.entries, req.trees)]
-    def cast_to(d: str, w: str) -> LoadedModel:
-        return cast if (d, w) == (execution.dtype, execution.weights) else with_dtype(with_weights(loaded, w), d)
-
     plain = [MethodRun(label, AutoregressiveDrafter(), ExactAcceptance(), hashes[label], BASELINE,
                        with_backend(cast_to(d, w), b)) for label, (b, d, w) in (fastest | also).items()]
     if eager_ref:
         plain.append(MethodRun(EAGER_REFERENCE, AutoregressiveDrafter(), ExactAcceptance(), hashes[EAGER_REFERENCE],
                                BASELINE, cast))
-    runs = plain + runs
-    if cfg.eval.hf_generate:  # transformers' generate on the eager model, in the fastest plain decoding's dtype
-        runs.append(MethodRun(HF_GENERATE, AutoregressiveDrafter(), ExactAcceptance(), hashes[HF_GENERATE],
-                              HF_GENERATE, cast_to(fast_d, fast_w)))
+    runs = plain + runs + engine_runs(engines, hashes)
     return Plan(target, execution, runs, machine, context, hashes,
                 replace(req.settings, chat_template=target.chat_template))
 

@@ -21,13 +21,13 @@ from omegaconf import DictConfig, OmegaConf
 from specbench.errors import SpecbenchError
 from specbench.evaluation.evaluator import backbone_reference
 from specbench.hardware.measured import machine
+from specbench.reporting.settings import SETTINGS_FILE, read_settings_file, settings_diff, shown
 from specbench.reporting.store import RECORDS_FILE, RecordStore, run_folder_lock, write_atomic
 
-SETTINGS_FILE = "settings.json"
 # eval keys that decide how many prompts run or what is measured on the side, not what a prompt's result is
 NOT_RESULT_KEYS = {"num_prompts", "warmup", "latency_profile", "profile_sizes", "profile_context", "profile_repeats",
                    "memory_probe", "fastest_ar", "profile_backends", "profile_weights", "profile_agreement",
-                   "plain_executions", "quality"}
+                   "plain_executions", "quality", "engines", "engine_options"}  # an engine's own settings are its row's
 
 
 def shared_settings(cfg: DictConfig, dtype: str, backend: str, weights: str = "fp", attention: str = "sdpa") -> dict:
@@ -53,12 +53,33 @@ def settings_hash(shared: dict, method: dict) -> str:
 @contextmanager
 def open_run_folder(run_dir: Path):
     """The folder locked for this run until it ends, however it ends (a second run into it stops with one line), and
-    its settings.json and records.jsonl checked before any model or data loads."""
+    its settings.json and records.jsonl checked before any model or data loads. A run that ends before it wrote a
+    record (refused, interrupted) leaves settings.json as it found it: settings saved for nothing would block the
+    corrected rerun."""
     with run_folder_lock(run_dir):
         old = read_settings(run_dir)
+        RecordStore(run_dir / RECORDS_FILE)  # refuses a symlinked record file; drops a line cut by a kill
         if old is not None:  # without it, read_settings has refused any records
             _check_records(run_dir, old["methods"])
-        yield
+        settings, decoded = run_dir / SETTINGS_FILE, _size(run_dir / RECORDS_FILE)
+        found = settings.read_text(encoding="utf-8") if old is not None else None
+        try:
+            yield
+        except BaseException:
+            if _size(run_dir / RECORDS_FILE) <= decoded:
+                _put_back(settings, found)
+            raise
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
+def _put_back(path: Path, text: str | None) -> None:
+    if text is None:
+        path.unlink(missing_ok=True)
+    elif not path.exists() or path.read_text(encoding="utf-8") != text:
+        write_atomic(path, text)
 
 
 def read_settings(run_dir: Path) -> dict | None:
@@ -72,16 +93,8 @@ def read_settings(run_dir: Path) -> dict | None:
                                  f"its records were made with are unknown: put its {SETTINGS_FILE} back, or move "
                                  f"{RECORDS_FILE} away to start over, or give another hydra.run.dir")
         return None
-    try:
-        old = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise SpecbenchError(f"{path} is not JSON ({exc}): put the run's own {SETTINGS_FILE} back, or give another "
-                             f"hydra.run.dir") from None
-    if not _is_settings(old):
-        raise SpecbenchError(f"{path} is not a settings file: it must be a JSON object {{shared: {{...}}, methods: "
-                             f"{{label: {{...}}}}, hashes: {{hash: {{label, shared, method}}}}}}; put the run's own "
-                             f"{SETTINGS_FILE} back, or give another hydra.run.dir")
-    return old
+    return read_settings_file(path, _is_settings, "a JSON object {shared: {...}, methods: {label: {...}}, hashes: "
+                                                  "{hash: {label, shared, method}}}")
 
 
 def _is_settings(old) -> bool:
@@ -102,11 +115,11 @@ def check_and_save_settings(run_dir: Path, shared: dict, methods: dict[str, dict
     old = read_settings(run_dir)
     hashes = {}
     if old is not None:
-        diffs = _diff(old["shared"], shared, "")
+        diffs = settings_diff(old["shared"], shared)
         for label in methods.keys() & old["methods"].keys():
-            diffs += _diff(old["methods"][label], methods[label], f"methods[{label}].")
+            diffs += settings_diff(old["methods"][label], methods[label], f"methods[{label}].")
         if diffs:
-            raise SpecbenchError(f"run folder '{run_dir}' holds results made with other settings ({_shown(diffs)}); "
+            raise SpecbenchError(f"run folder '{run_dir}' holds results made with other settings ({shown(diffs)}); "
                                  f"records of different settings are never mixed: rerun without hydra.run.dir (a new "
                                  f"timestamped folder) or give another hydra.run.dir")
         methods, hashes = {**old["methods"], **methods}, old.get("hashes", {})
@@ -138,8 +151,9 @@ def _check_records(run_dir: Path, methods: dict[str, dict], shared: dict | None 
         return
     label, found = wrong[0][1]["method"], wrong[0][1].get("settings_hash")
     if isinstance(found, str) and found in hashes:
-        diffs = _diff(hashes[found]["shared"], shared, "") + _diff(hashes[found]["method"], settings[label], "")
-        why = f"made with other settings ({_shown(diffs) or 'none differ, so the hash was computed otherwise'})"
+        diffs = (settings_diff(hashes[found]["shared"], shared)
+                 + settings_diff(hashes[found]["method"], settings[label]))
+        why = f"made with other settings ({shown(diffs) or 'none differ, so the hash was computed otherwise'})"
     else:
         why = "a hash no run into this folder wrote (a record copied from another run folder?)"
     raise SpecbenchError(f"{_where(run_dir, wrong)}: the record of {label!r} has settings_hash {found!r}, not "
@@ -149,19 +163,6 @@ def _check_records(run_dir: Path, methods: dict[str, dict], shared: dict | None 
 
 def _where(run_dir: Path, bad: list[tuple[int, dict]]) -> str:
     return f"{run_dir / RECORDS_FILE} line {bad[0][0]}" + (f" (and {len(bad) - 1} more)" if len(bad) > 1 else "")
-
-
-def _shown(diffs: list[tuple[str, object, object]]) -> str:
-    return "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in diffs[:6]) + ("; ..." if len(diffs) > 6 else "")
-
-
-def _diff(old, new, prefix: str) -> list[tuple[str, object, object]]:
-    if isinstance(old, dict) and isinstance(new, dict):
-        out = []
-        for key in sorted(old.keys() | new.keys(), key=str):
-            out += _diff(old.get(key), new.get(key), f"{prefix}{key}.")
-        return out
-    return [] if old == new else [(prefix.rstrip("."), old, new)]
 
 
 @lru_cache(maxsize=1)

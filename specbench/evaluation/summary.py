@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from functools import partial
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import pandas as pd
 from specbench.config import build
 from specbench.drafters.autoregressive import AutoregressiveDrafter
 from specbench.drafters.base import Drafter
-from specbench.evaluation.hf_generate import HF_GENERATE
+from specbench.evaluation.engines import print_engines, with_agreement
 from specbench.evaluation.metrics import BASELINE, decoded, summarize
 from specbench.evaluation.plan import Plan
 from specbench.evaluation.quality import with_quality
@@ -40,10 +41,12 @@ def summarise(cfg, plan: Plan, hw: HardwareSpec, records: pd.DataFrame, drafters
                         costs, target.max_context, cfg.eval.max_new_tokens)
     summary = _with_streaming(summary, drafters, target, hw)
     summary = with_quality(summary, records, cfg.eval.quality, target.tokenizer, out)  # pass@1 by execution
+    summary = with_agreement(summary, records)  # engine rows: token agreement with the project's plain decoding
     _write(summary, out)
     plots = save_plots(decoded(records), summary, out / "plots", profile)
     log_run(build(cfg.logger) if cfg.get("logger") else None, cfg, summary, plots, out / "records.jsonl")
     print_table(summary)
+    print_engines(summary)
     _note_cut(decoded(records), cfg.eval.max_new_tokens, target.max_context)
     print(f"run folder: {out}")
     return summary
@@ -83,10 +86,12 @@ def _lossless(row: pd.Series) -> str:
     plain decoding on another execution (dtype, weights, engine) is another computation: its share is agreement."""
     if row["method"] == BASELINE:
         return "reference"
+    if pd.notna(row.get("identical", math.nan)):  # an engine: other kernels, agreement is what can be said
+        return f"{round(row['identical'] * row['num_prompts'])}/{row['num_prompts']} identical (engine)"
     if pd.isna(row["lossless_match"]):
         return "not promised"
     matched = f"{round(row['lossless_match'] * row['num_prompts'])}/{row['num_prompts']}"
-    if row["method"].startswith(f"{BASELINE}@") or row["method"] == HF_GENERATE:
+    if row["method"].startswith(f"{BASELINE}@"):
         return f"{matched} agree (another execution)"
     return f"{matched} = {row['lossless_reference']}"
 

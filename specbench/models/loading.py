@@ -13,6 +13,8 @@ import hashlib
 import importlib
 import importlib.util
 import os
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,6 +73,26 @@ def torch_dtype(name: str) -> torch.dtype:
 
 def cache_root() -> Path:
     return Path(os.environ.get("SPECBENCH_CACHE", Path.home() / ".cache" / "specbench"))
+
+
+def cache_dir(name: str) -> Path:
+    """A folder of the cache, checked writable before anything is measured or converted into it."""
+    folder = cache_root() / name
+    check_writable(folder, "cache folder", f"set SPECBENCH_CACHE to a folder you can write (it is {cache_root()})")
+    return folder
+
+
+def check_writable(folder: Path, what: str, fix: str) -> None:
+    """Create `folder` and write a scratch file in it, so a path under a file, a read-only folder or a full disk ends
+    in one line naming the folder before anything is measured or decoded (os.access would pass for root)."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder) as fh:
+            fh.write(b"specbench")
+            fh.flush()
+            os.fsync(fh.fileno())
+    except OSError as exc:
+        raise SpecbenchError(f"{what} '{folder}' cannot be written ({exc.strerror or exc}): {fix}") from None
 
 
 def resolve_path(path: str) -> Path | str:
@@ -132,6 +154,26 @@ def check_model_path(path) -> None:
                              f"or a hub id already in the offline cache")
 
 
+def read_config(name: str, path: str):
+    """The transformers config of the model load_model(name, path) would load, read without its weights (config.json,
+    the GGUF's metadata or its converted copy), so settings that depend on the model's shape or context are checked
+    before the weights load; None where it cannot be read cheaply (load_model then says why)."""
+    from transformers import AutoConfig
+
+    if path.startswith("assemble:"):
+        return None
+    resolved = resolve_path(path)
+    kwargs = {}
+    if isinstance(resolved, Path) and resolved.suffix == ".gguf":
+        cached = cache_root() / "models" / f"{name}-{_fingerprint(resolved)}"
+        resolved, kwargs = (cached, {}) if (cached / "config.json").exists() else (resolved.parent,
+                                                                                  {"gguf_file": resolved.name})
+    try:
+        return AutoConfig.from_pretrained(resolved, **kwargs)
+    except Exception:  # noqa: BLE001  (any failure here is load_model's to report, with its own message)
+        return None
+
+
 def load_model(name: str, path: str, dtype: str = "bfloat16", device: str = "cpu", use_cache: bool = True,
                trust_remote_code: bool = False, chat_template: bool | str = True) -> LoadedModel:
     """Load the model behind `path` (see resolve_path), converting GGUF files once into a safetensors cache. It runs
@@ -146,9 +188,12 @@ def load_model(name: str, path: str, dtype: str = "bfloat16", device: str = "cpu
     if isinstance(resolved, Path) and resolved.suffix == ".gguf":
         cached = cache_root() / "models" / f"{name}-{_fingerprint(resolved)}"
         if use_cache and (cached / "config.json").exists():
-            load_dir, load_kwargs = cached, {}
-        else:
-            load_dir, load_kwargs = resolved.parent, {"gguf_file": resolved.name}
+            loaded = _load_converted(cached, dtype, kwargs)
+            if loaded is not None:
+                return _ready(name, *loaded, resolved, dtype, device, chat_template)
+        if use_cache:
+            cache_dir("models")  # writable, before the conversion it will hold
+        load_dir, load_kwargs = resolved.parent, {"gguf_file": resolved.name}
     else:
         cached, load_dir, load_kwargs = None, resolved, {}
     try:
@@ -160,10 +205,29 @@ def load_model(name: str, path: str, dtype: str = "bfloat16", device: str = "cpu
                              f"(offline: give a local dir or .gguf file, or a hub id already cached)") from exc
     if load_kwargs and use_cache and cached is not None:
         _save_cache(model, tokenizer, cached)
+    return _ready(name, model, tokenizer, resolved, dtype, device, chat_template)
+
+
+def _ready(name: str, model, tokenizer, resolved, dtype: str, device: str, chat_template: bool | str) -> LoadedModel:
     model = model.to(dtype=torch_dtype(dtype), device=device).eval()
     if isinstance(chat_template, str):  # a Jinja template for a tokenizer that ships none (Vicuna's FastChat prompt)
         tokenizer.chat_template, chat_template = chat_template, True
     return LoadedModel(name=name, model=model, tokenizer=tokenizer, source=str(resolved), chat_template=chat_template)
+
+
+def _load_converted(cached: Path, dtype: str, kwargs: dict):
+    """(model, tokenizer) from the GGUF's converted copy; None, with a one-line notice and the copy removed, when it
+    cannot be read (a file cut by a full disk or a kill, edited, deleted): the GGUF is converted again."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    try:
+        return (AutoModelForCausalLM.from_pretrained(cached, dtype=torch_dtype(dtype), **kwargs),
+                AutoTokenizer.from_pretrained(cached, **kwargs))
+    except Exception as exc:  # noqa: BLE001  (whatever is wrong with a cache, converting again mends it)
+        print(f"notice: the converted model {cached} cannot be read ({str(exc).splitlines()[0][:120]}); "
+              f"converting the GGUF again")
+        shutil.rmtree(cached, ignore_errors=True)
+        return None
 
 
 def _fingerprint(path: Path) -> str:
@@ -176,6 +240,11 @@ def _save_cache(model, tokenizer, out: Path) -> None:
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     tmp = out.with_name(out.name + ".tmp")
-    model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
-    tmp.rename(out)  # atomic: a half-written cache is never picked up
+    shutil.rmtree(tmp, ignore_errors=True)  # left by a conversion that was killed
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        tmp.rename(out)  # atomic: a half-written cache is never picked up
+    except BaseException:  # a full disk: no partial copy stays behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -25,15 +25,22 @@ def byte_tokenizer() -> PreTrainedTokenizerFast:
     return fast
 
 
+def tiny_config(hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4, num_kv_heads: int = 2,
+                max_context: int = 512, vocab_size: int | None = None, tokenizer=None) -> LlamaConfig:
+    """The tiny model's config, known before any weight exists (specbench.schema checks settings against it)."""
+    tokenizer = tokenizer or byte_tokenizer()
+    return LlamaConfig(vocab_size=vocab_size or len(tokenizer), hidden_size=hidden_size,
+                       intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
+                       num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+                       max_position_embeddings=max_context, eos_token_id=tokenizer.eos_token_id,
+                       bos_token_id=tokenizer.bos_token_id, tie_word_embeddings=True)
+
+
 def tiny_random(name: str = "tiny_random", hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4,
                 num_kv_heads: int = 2, max_context: int = 512, seed: int = 0, dtype: str = "float32",
                 device: str = "cpu", vocab_size: int | None = None, chat_template: bool = True) -> LoadedModel:
     tokenizer = byte_tokenizer()
-    config = LlamaConfig(vocab_size=vocab_size or len(tokenizer), hidden_size=hidden_size,
-                         intermediate_size=2 * hidden_size, num_hidden_layers=num_layers,
-                         num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
-                         max_position_embeddings=max_context, eos_token_id=tokenizer.eos_token_id,
-                         bos_token_id=tokenizer.bos_token_id, tie_word_embeddings=True)
+    config = tiny_config(hidden_size, num_layers, num_heads, num_kv_heads, max_context, vocab_size, tokenizer)
     torch.manual_seed(seed)
     model = LlamaForCausalLM(config)
     with torch.no_grad():  # sharper logits than the default init, so drafts get accepted sometimes

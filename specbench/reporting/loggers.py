@@ -5,16 +5,40 @@ Evaluation uses the same logger classes as training so `logger=` means one thing
 
 from __future__ import annotations
 
+import netrc
 import os
 from contextlib import contextmanager
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
+from specbench.errors import SpecbenchError
+
 SCALARS = ["tau", "tokens_per_s", "decode_tokens_per_s", "speedup", "speedup_ci_low", "speedup_ci_high", "overhead",
            "ideal_speedup", "efficiency", "projected_speedup", "lossless_match", "method_mem_mb", "framework_ms_per_step",
            "speedup_mean_of_ratios", "speedup_vs_baseline"]
+
+
+def check_logger(logger_cfg) -> None:
+    """W&B online needs an API key, and a run finds out only when it logs, after decoding: look for one first (the
+    places wandb reads: WANDB_API_KEY, WANDB_IDENTITY_TOKEN_FILE, ~/.netrc for WANDB_BASE_URL's host)."""
+    if logger_cfg is None or not str(logger_cfg.get("_target_", "")).endswith("WandbLogger"):
+        return
+    if logger_cfg.get("offline", False) or os.environ.get("WANDB_MODE") in ("offline", "disabled", "dryrun"):
+        return
+    if os.environ.get("WANDB_API_KEY") or os.environ.get("WANDB_IDENTITY_TOKEN_FILE"):
+        return
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    try:
+        if netrc.netrc(os.environ.get("NETRC")).authenticators(host):
+            return
+    except (OSError, netrc.NetrcParseError):
+        pass
+    raise SpecbenchError(f"logger.offline=false sends the run to W&B, but no API key for {host} is set "
+                         f"(WANDB_API_KEY, or `wandb login`); log in first, or keep logger.offline=true and "
+                         f"`wandb sync` the run folder later")
 
 
 def log_run(logger, cfg: DictConfig, summary: pd.DataFrame, plots: list[Path], records: Path | None = None) -> None:

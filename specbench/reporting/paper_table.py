@@ -160,8 +160,8 @@ def _ship(run: Path, shipped: Path) -> None:
 
 def report_after_run(report_cfg, run: str | Path, command: str) -> Path | None:
     """The `report` config of an experiment ({paper, out}), paths relative to the project root: the table for the
-    run just finished; None when the experiment has no report."""
-    if not report_cfg:
+    run just finished; None when the experiment has no report (config.yaml's report has its keys, all null)."""
+    if not report_cfg or not (report_cfg.get("paper") or report_cfg.get("out")):
         return None
     missing = [k for k in ("paper", "out") if not report_cfg.get(k)]
     if missing:

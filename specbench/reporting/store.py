@@ -15,6 +15,7 @@ import pandas as pd
 from filelock import FileLock, Timeout
 
 from specbench.errors import SpecbenchError
+from specbench.models.loading import check_writable
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +39,10 @@ def write_atomic(path: str | Path, text: str) -> None:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno and not exc.filename:  # a full disk: name the file it missed
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise
 
 
@@ -49,7 +52,7 @@ def run_folder_lock(run_dir: str | Path):
     once would both decode every prompt and append duplicate records. The holder writes its pid into the file, so a
     refused run can name it; the kernel drops the lock when the holder exits, however it ends."""
     run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
+    check_writable(run_dir, "run folder", "give a hydra.run.dir you can write")
     path = run_dir / LOCK_FILE
     lock = FileLock(path, blocking=False, preserve_lock_file=True, fallback_to_soft=False, on_acquired=_write_pid)
     try:
@@ -84,6 +87,10 @@ def _key_or_none(record) -> tuple[str, str, int] | None:
 class RecordStore:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        if self.path.is_symlink():  # appends would land wherever it points, outside the run folder
+            raise SpecbenchError(f"{self.path} is a symbolic link (to {os.readlink(self.path)}): a run folder's "
+                                 f"records must be its own file; replace the link by a copy of the file "
+                                 f"(cp --remove-destination), or give another hydra.run.dir")
         self.rows: list[dict] = []  # rows[i] is line i + 1 of the file
         self._done: dict[tuple[str, str, int], dict] = {}
         if self.path.exists():
@@ -128,11 +135,22 @@ class RecordStore:
         return (method, str(question_id), turn) in self._done
 
     def append(self, record: dict) -> None:
+        """One line in one write, unbuffered; a write that fails (a full disk) is cut off again, so the file keeps
+        whole lines only."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a", encoding="utf-8") as fh:
-            fh.write(json.dumps(record) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        data = (json.dumps(record) + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            try:
+                while data:
+                    data = data[os.write(fd, data):]
+                os.fsync(fd)
+            except OSError as exc:
+                os.ftruncate(fd, size)
+                raise OSError(exc.errno, exc.strerror, str(self.path)) from exc
+        finally:
+            os.close(fd)
         self.rows.append(record)
         self._done[record_key(record)] = record
 

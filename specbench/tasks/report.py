@@ -16,7 +16,7 @@ from specbench.reporting.paper_table import project_path, report_after_run
 
 def run(cfg):
     report = cfg.get("report")
-    if not report or not report.get("run"):
+    if not report or not report.get("run") or not report.get("paper"):
         raise SpecbenchError("task=report needs an experiment with a report (experiment=seed_...) and "
                              "report.run=<the run or sweep folder to read>")
     run_folder = project_path(report.run)

@@ -1,13 +1,18 @@
 """task=train: fit the chosen method's drafter with Lightning and export it as a drafter artifact.
 
-The run folder (Hydra's output dir) holds the logger's files, Lightning checkpoints (trainable tensors only) and the
-exported artifact. Rerunning into the same folder (hydra.run.dir=...) resumes from checkpoints/last.ckpt.
+The run folder (Hydra's output dir) holds the logger's files, Lightning checkpoints (trainable tensors only), the
+settings it was made with (settings.json) and the exported artifact. Rerunning into the same folder
+(hydra.run.dir=...) resumes from checkpoints/last.ckpt under the same settings, and is refused under others
+(training/folder.py; method.train.resume=false starts over). A run that trained nothing (method.train.max_steps=0:
+only prepare and cache the training data) writes no artifact.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import lightning as L
@@ -21,9 +26,13 @@ from specbench.errors import SpecbenchError
 from specbench.models.artifact import save_artifact
 from specbench.models.loading import cache_root
 from specbench.reporting.loggers import log_artifact
+from specbench.reporting.store import run_folder_lock
 from specbench.tasks._common import build_model, run_dir
 from specbench.training.curves import TrainingCurves
 from specbench.training.datamodule import ShareGPTDataModule
+from specbench.training.folder import LAST, open_training_folder
+
+log = logging.getLogger(__name__)
 
 
 def run(cfg: DictConfig) -> dict:
@@ -59,17 +68,27 @@ def train(cfg: DictConfig, run_dir: Path, callbacks: list | None = None) -> dict
         raise SpecbenchError(f"method={method} has nothing to train; trainable methods: medusa, ppd, draft_model, "
                              f"eagle")
     run_dir.mkdir(parents=True, exist_ok=True)
-    target = build_model(cfg.model, dtype=tcfg.dtype)
-    extra = {"tokenizer": target.tokenizer} if get_class(tcfg.module._target_).needs_tokenizer else {}
-    module = build(tcfg.module, backbone=target.model, **extra)
-    ckpt_dir = run_dir / "checkpoints"
-    checkpoint = ModelCheckpoint(dirpath=str(ckpt_dir), save_last=True, save_top_k=1,
+    checkpoint = ModelCheckpoint(dirpath=str(run_dir / LAST.parent), save_last=True, save_top_k=1,
                                  every_n_train_steps=tcfg.checkpoint_every_n_steps)
     # plots/training_curves.png: loss, held-out per-position accuracy and tau_sim over the steps
     curves = TrainingCurves(run_dir / "plots" / "training_curves", f"{method} drafter training", caption="")
     trainer = build(cfg.trainer, default_root_dir=str(run_dir), max_epochs=tcfg.epochs,
                     max_steps=tcfg.max_steps, logger=make_logger(cfg, run_dir),
                     callbacks=[checkpoint, curves, *(callbacks or [])])
+    # rank 0 checks, writes and locks the folder; DDP's other ranks start inside its fit and resume what it chose
+    with run_folder_lock(run_dir) if trainer.is_global_zero else nullcontext():
+        if trainer.is_global_zero:
+            resume = open_training_folder(run_dir, cfg)
+        else:
+            resume = run_dir / LAST if (run_dir / LAST).exists() else None
+        return _fit(cfg, run_dir, trainer, curves, resume)
+
+
+def _fit(cfg: DictConfig, run_dir: Path, trainer: L.Trainer, curves: TrainingCurves, resume: Path | None) -> dict:
+    method, tcfg = cfg.method.name, cfg.method.train
+    target = build_model(cfg.model, dtype=tcfg.dtype)
+    extra = {"tokenizer": target.tokenizer} if get_class(tcfg.module._target_).needs_tokenizer else {}
+    module = build(tcfg.module, backbone=target.model, **extra)
     curves.caption = _caption(cfg, device_label(trainer.strategy.root_device))  # the device Lightning resolved
     generator = None
     if tcfg.data.self_distill is not None:
@@ -83,10 +102,15 @@ def train(cfg: DictConfig, run_dir: Path, callbacks: list | None = None) -> dict
                               None if tcfg.data.self_distill is None else OmegaConf.to_container(tcfg.data.self_distill),
                               generator, cache_root() / "training",
                               num_workers=OmegaConf.select(tcfg, "data.num_workers", default=0))
-    resume = ckpt_dir / "last.ckpt"
     start = time.time()
-    trainer.fit(module, data, ckpt_path=str(resume) if resume.exists() else None)
+    trainer.fit(module, data, ckpt_path=None if resume is None else str(resume))
     fit_time = time.time() - start
+    if trainer.global_step == 0:  # heads as initialised are no drafter: nothing to export
+        why = "method.train.max_steps=0" if tcfg.max_steps == 0 else "no optimizer step ran"
+        if trainer.is_global_zero:
+            log.warning("%s: trained nothing, so no artifact is written (the training data is prepared and cached "
+                        "under %s)", why, cache_root() / "training")
+        return {"artifact": None, "global_step": 0}
     trainer.validate(module, data, verbose=False)  # held-out accuracies of the final weights, for the artifact
     trainable, share = module.trainable_share()
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}

@@ -13,7 +13,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from specbench.errors import SpecbenchError
 from specbench.hardware.measured.machine import fingerprint, machine_info
 from specbench.hardware.measured.machine_profile import (_best_seconds, _read_cached, code_digest, default_dtypes,
-                                                         profile_dir, write_atomic)
+                                                         measuring_alone, profile_dir, stamp, write_atomic)
 from specbench.models import attention as model_attention
 from specbench.models.attention import Windows, eager_forward
 from specbench.models.loading import torch_dtype
@@ -72,15 +72,22 @@ def eager_windows(model: torch.nn.Module, dtypes=None) -> dict[str, Windows]:
     # named by the code that times the two kernels, as the machine profile is (code_digest)
     digest = code_digest([__file__, model_attention.__file__])
     path = profile_dir() / f"{fingerprint()}-{digest}-{device.type}-attention-{shape}.json"
-    cached = _read_cached(path, _windows_of_file) if path.exists() else None
+    seen = stamp(path)
+    cached = _read_cached(path, _windows_of_file) if seen else None
     if cached is not None and all(d in cached for d in dtypes):
         return {d: cached[d] for d in dtypes}
-    print(f"measuring where eager attention beats SDPA here ({', '.join(dtypes)}; seconds), cached at {path}")
-    windows, timings = dict(cached or {}), {}
-    for name in dtypes:
-        windows[name], measured = measure_windows(model, name, contexts)
-        timings[name] = {str(c): {"sdpa_ms": 1e3 * s, "eager_ms": 1e3 * e} for c, (s, e) in measured.items()}
-    write_atomic(path, json.dumps({"machine": machine_info(), "eager_windows": windows, "timings": timings}, indent=1))
+    with measuring_alone("where eager attention beats SDPA"):
+        if stamp(path) != seen:  # written by the process this one waited for
+            cached = _read_cached(path, _windows_of_file)
+            if cached is not None and all(d in cached for d in dtypes):
+                return {d: cached[d] for d in dtypes}
+        print(f"measuring where eager attention beats SDPA here ({', '.join(dtypes)}; seconds), cached at {path}")
+        windows, timings = dict(cached or {}), {}
+        for name in dtypes:
+            windows[name], measured = measure_windows(model, name, contexts)
+            timings[name] = {str(c): {"sdpa_ms": 1e3 * s, "eager_ms": 1e3 * e} for c, (s, e) in measured.items()}
+        write_atomic(path, json.dumps({"machine": machine_info(), "eager_windows": windows, "timings": timings},
+                                      indent=1))
     return {d: windows[d] for d in dtypes}
 
 

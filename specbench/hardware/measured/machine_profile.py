@@ -17,12 +17,14 @@ import json
 import math
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
+from filelock import FileLock, Timeout
 from transformers import DynamicCache
 
 from specbench.errors import SpecbenchError
@@ -34,7 +36,7 @@ from specbench.hardware.modelled.spec import HardwareSpec
 from specbench.models import attention, backends, linears, quantize
 from specbench.models.attention import attention_tag
 from specbench.models.backends import BACKENDS, execution_label, supported, with_backend
-from specbench.models.loading import LoadedModel, cache_root, torch_dtype, with_dtype
+from specbench.models.loading import LoadedModel, cache_dir, cache_root, torch_dtype, with_dtype
 from specbench.models.quantize import Int4Linear, Int8Linear, with_weights
 from specbench.models.quantize import supported as weights_supported
 from specbench.models.shape import ModelShape
@@ -125,14 +127,50 @@ def measured_peaks(device: torch.device | str) -> dict:
     """This machine's peaks from its newest valid cached profile (of any model), else measured now and cached."""
     device = torch.device(device)
     root, fp = profile_dir(), fingerprint()
-    # peaks are the machine's, whatever code measured a profile: any code digest (profile_path) will do
-    for path in sorted(root.glob(f"{fp}-*{device.type}-*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
-        peaks = _read_cached(path, _peaks_of)
-        if peaks is not None:
-            return peaks
-    peaks = measure_peaks(device)
-    write_atomic(root / f"{fp}-{device.type}-peaks.json", json.dumps({"machine": machine_info(), "peaks": peaks}))
+
+    def cached(skip=()) -> dict | None:
+        # peaks are the machine's, whatever code measured a profile: any code digest (profile_path) will do
+        for path in sorted(root.glob(f"{fp}-*{device.type}-*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
+            peaks = None if (path, stamp(path)) in skip else _read_cached(path, _peaks_of)
+            if peaks is not None:
+                return peaks
+        return None
+
+    seen = {(path, stamp(path)) for path in root.glob(f"{fp}-*{device.type}-*.json")}  # each read once
+    peaks = cached()
+    if peaks is not None:
+        return peaks
+    with measuring_alone("peaks"):
+        peaks = cached(skip=seen)  # measured by the process this one waited for
+        if peaks is None:
+            peaks = measure_peaks(device)
+            write_atomic(root / f"{fp}-{device.type}-peaks.json",
+                         json.dumps({"machine": machine_info(), "peaks": peaks}))
     return peaks
+
+
+_LOCKS: dict[Path, FileLock] = {}
+
+
+@contextmanager
+def measuring_alone(what: str):
+    """Hold the cache's measuring lock (flock, through filelock) while this process measures: two first runs on a
+    fresh cache would time each other's forwards and cache the contended numbers (L(1) 2.6x the quiet value seen). A
+    second process waits here for the first, then finds what it cached. Checks the cache writable first, so a cache
+    that cannot take the result is one line before minutes of measuring. Re-entrant within a process."""
+    folder = cache_dir("profiles")
+    lock = _LOCKS.setdefault(folder, FileLock(folder / ".measuring.lock", preserve_lock_file=True,
+                                              fallback_to_soft=False))
+    try:
+        lock.acquire(blocking=False)
+    except Timeout:
+        print(f"waiting for another process measuring this machine (it holds {lock.lock_file}) before measuring "
+              f"{what}: measured side by side, both would be wrong", flush=True)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -143,8 +181,10 @@ def write_atomic(path: Path, text: str) -> None:
     try:
         tmp.write_text(text)
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         tmp.unlink(missing_ok=True)
+        if isinstance(exc, OSError) and exc.errno and not exc.filename:  # a full disk: name the file it missed
+            raise OSError(exc.errno, exc.strerror, str(path)) from exc
         raise
 
 
@@ -348,20 +388,51 @@ def load_or_measure_profile(target: LoadedModel, dtypes=None, sizes=SIZES, conte
     backends, weights = list(backends or BACKENDS), list(weights)
     tag = attention_tag(target)  # the attention kernel changes L(n, context): a profile is measured under one
     path = profile_path(target.name if tag == "sdpa" else f"{target.name}-attention_{tag}", device)
-    cached = _read_cached(path, MachineProfile.from_json) if path.exists() else None
+    seen = stamp(path)
+    cached = _read_cached(path, MachineProfile.from_json) if seen else None
     if cached is not None and cached.covers(dtypes, sizes, contexts, backends, weights):
         return cached
-    print(f"measuring this machine's profile of {target.name} once ({', '.join(backends)} x {', '.join(dtypes)} x "
-          f"{', '.join(weights)}; minutes), cached at {path}")
-    load_before, frames, unsupported, compile_s = os.getloadavg()[0], [], {}, {}
-    peaks = measure_peaks(device)
-    for fmt in weights:
+    with measuring_alone(f"the profile of {target.name}"):
+        if stamp(path) != seen:  # written by the process this one waited for
+            cached = _read_cached(path, MachineProfile.from_json)
+            if cached is not None and cached.covers(dtypes, sizes, contexts, backends, weights):
+                return cached
+        return _measure_profile(target, path, dtypes, sizes, contexts, repeats, backends, weights, cached)
+
+
+def stamp(path: Path) -> tuple[int, int] | None:
+    """(mtime, size) of a cache file, None when there is none: whether another process wrote it meanwhile."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_mtime_ns, st.st_size
+
+
+def _measure_profile(target: LoadedModel, path: Path, dtypes, sizes, contexts, repeats, backends, weights,
+                     cached: MachineProfile | None = None) -> MachineProfile:
+    """Measure the executions `cached` lacks (every requested one when there is none) and keep the ones it has: a
+    run that asks for one more execution, or a task=profile after a first run, measures only what is new."""
+    device = target.model.device
+    frames = [cached.latency] if cached is not None else []
+    unsupported = dict(cached.machine.get("unsupported", {})) if cached is not None else {}
+    compile_s = dict(cached.compile_seconds or {}) if cached is not None else {}
+    todo = [(fmt, name, backend) for fmt in weights for name in dtypes for backend in backends
+            if cached is None or not cached.covers([name], sizes, contexts, [backend], [fmt])]
+    kept = len(cached.executions) if cached is not None else 0
+    print(f"measuring this machine's profile of {target.name} once ({len(todo)} execution(s): "
+          f"{', '.join(execution_label(b, d, w) for w, d, b in todo)}; minutes{f'; {kept} cached' if kept else ''}), "
+          f"cached at {path}")
+    load_before = os.getloadavg()[0]
+    peaks = cached.peaks if cached is not None else measure_peaks(device)
+    for fmt in dict.fromkeys(w for w, _, _ in todo):
         reason = weights_supported(fmt, device)
         quantised = target if reason else with_weights(target, fmt)
-        for name in dtypes:
+        for name in dict.fromkeys(d for w, d, _ in todo if w == fmt):
             cast = None if reason else with_dtype(quantised, name)
-            for backend in backends:
+            for backend in [b for w, d, b in todo if (w, d) == (fmt, name)]:
                 label = execution_label(backend, name, fmt)
+                unsupported.pop(label, None)
                 why = reason or supported(backend, torch_dtype(name), device) or weights_supported(fmt, device, backend)
                 if why:
                     unsupported[label] = why
@@ -387,8 +458,9 @@ def load_or_measure_profile(target: LoadedModel, dtypes=None, sizes=SIZES, conte
     machine = {**machine_info(), "loadavg_1min": [load_before, os.getloadavg()[0]], "cpus": os.cpu_count(),
                "unsupported": unsupported}
     columns = ["backend", "dtype", "weights", "context", "tokens", "ms"]
-    profile = MachineProfile(machine, device.type, target.name, peaks, pd.concat(frames, ignore_index=True)[columns],
-                             compile_s)
+    latency = pd.concat(frames, ignore_index=True)[columns].drop_duplicates(  # a point measured anew replaces its old
+        ["backend", "dtype", "weights", "context", "tokens"], keep="last").reset_index(drop=True)
+    profile = MachineProfile(machine, device.type, target.name, peaks, latency, compile_s)
     if busy(machine):  # a profile taken beside other work would mislead every later run on this machine
         print(f"warning: the machine was busy while profiling (1-min load {max(machine['loadavg_1min']):.1f} on "
               f"{machine['cpus']} CPUs): this run uses the profile, but it is not cached; profile on a quiet machine")
@@ -397,19 +469,22 @@ def load_or_measure_profile(target: LoadedModel, dtypes=None, sizes=SIZES, conte
     return profile
 
 
-DOMINATED = 2.0  # a quantised execution this many times slower than a measured one at both ends is not measured
+DOMINATED = 2.0  # an execution this many times slower than a measured one at both ends is not measured
 
 
 def _dominated(model, weights: str, frames: list[pd.DataFrame], sizes: list[int], context: int) -> str | None:
-    """Why a quantised execution need not be measured: one forward at the smallest and the largest size, both at least
+    """Why an execution need not be measured: one forward at the smallest and the largest size, both at least
     DOMINATED x the fastest execution measured so far (quantised kernels that do not vectorise an activation dtype, as
-    int4 with fp32 activations on a CPU, take minutes to profile and can win nothing). Float executions are always
-    measured: they are the reference."""
-    if weights == "fp" or not frames:
+    int4 with fp32 activations on a CPU, or oneDNN's bf16 packing on a CPU without native bf16, take minutes to
+    profile and can win nothing). A float execution is compared with float ones only, so the float weights' fastest
+    plain decoding, the headline's reference, is always measured."""
+    measured = pd.concat(frames) if frames else None
+    if measured is not None and weights == "fp":
+        measured = measured[measured["weights"] == "fp"]
+    if measured is None or measured.empty:
         return None
     ends = [sizes[0], sizes[-1]] if len(sizes) > 1 else sizes
     probe = latency_profile(model, ends, [context], repeats=1, statistic="min").set_index("tokens")["ms"]
-    measured = pd.concat(frames)
     best = measured[measured["context"] == context].groupby("tokens")["ms"].min()
     if all(n in best.index and probe[n] >= DOMINATED * best[n] for n in ends):
         return ("dominated: " + ", ".join(f"L({n}) {probe[n]:.0f} ms" for n in ends) + f" at context {context}, at "

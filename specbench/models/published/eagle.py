@@ -27,7 +27,7 @@ from transformers import AutoModel, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaMLP, LlamaRMSNorm
 
 from specbench.errors import SpecbenchError
-from specbench.models.published.files import LAYOUTS, Published
+from specbench.models.published.files import LAYOUTS, Published, check_base_model
 
 log = logging.getLogger(__name__)
 SKIP = ("architectures", "torch_dtype", "dtype", "transformers_version", "auto_map", "_name_or_path")
@@ -137,6 +137,7 @@ def eagle_checkpoint(ckpt: Published, target) -> tuple[dict, dict[str, torch.Ten
         raise SpecbenchError(f"EAGLE checkpoint '{ckpt.folder}' was trained for hidden size {hidden} and vocabulary "
                              f"{vocab}, but the target '{target.name}' has {tcfg.hidden_size} and {tcfg.vocab_size}; "
                              f"load the base model it was trained for")
+    check_base_model(ckpt, cfg.get("base_model_name_or_path"), target)
     raw = ckpt.tensors()
     _check_embedding(ckpt, raw.pop("embed_tokens.weight", None), target)
     if eagle3:
@@ -147,11 +148,7 @@ def eagle_checkpoint(ckpt: Published, target) -> tuple[dict, dict[str, torch.Ten
                                  f"checkpoint '{ckpt.folder}' was trained for another base model")
         draft_vocab = int(cfg.get("draft_vocab_size", vocab))
         tensors = {_eagle3_key(k): v for k, v in raw.items() if k != "t2d"}
-        offsets = tensors.get("d2t", torch.zeros(draft_vocab, dtype=torch.long))
-        tensors["d2t"] = torch.arange(draft_vocab) + offsets.long()  # EAGLE-3 stores offsets, specbench target ids
-        if tensors["d2t"].numel() != draft_vocab or int(tensors["d2t"].max()) >= vocab:
-            raise SpecbenchError(f"EAGLE-3 checkpoint '{ckpt.folder}': its d2t map does not send {draft_vocab} draft "
-                                 f"ids into the target's {vocab} tokens")
+        tensors["d2t"] = _draft_ids(ckpt, tensors.get("d2t"), raw.get("t2d"), draft_vocab, vocab)
         arch = {"layout": "eagle3", "feature_layers": list(layers), "draft_vocab": draft_vocab}
     else:
         tensors = {("body." + k if k.startswith("layers.") else k): v for k, v in raw.items()}
@@ -161,6 +158,37 @@ def eagle_checkpoint(ckpt: Published, target) -> tuple[dict, dict[str, torch.Ten
     log.info("published %s head %s", "EAGLE-3" if eagle3 else "EAGLE", ckpt.folder)
     return {"format": "published", "layout": arch["layout"], "method": "eagle", "source": str(ckpt.folder),
             "arch": arch | {"config": cfg}, "metrics": {}}, tensors
+
+
+def _draft_ids(ckpt: Published, offsets, t2d, draft_vocab: int, vocab: int) -> torch.Tensor:
+    """EAGLE-3's d2t (draft id i -> target id i + d2t[i]) as target ids, checked both ways against t2d (one flag per
+    target id: in the draft vocabulary or not): draft_vocab distinct ids in 0..vocab-1, exactly the ids t2d flags."""
+    where = f"EAGLE-3 checkpoint '{ckpt.folder}'"
+    if offsets is None:
+        offsets = torch.zeros(draft_vocab, dtype=torch.long)
+    if offsets.ndim != 1 or offsets.numel() != draft_vocab or offsets.is_floating_point():
+        raise SpecbenchError(f"{where}: its d2t is a {offsets.dtype} tensor of shape {tuple(offsets.shape)}, but its "
+                             f"config's draft_vocab_size={draft_vocab} needs one integer offset per draft id")
+    ids = torch.arange(draft_vocab) + offsets.long()
+    low, high, distinct = int(ids.min()), int(ids.max()), len(torch.unique(ids))
+    if low < 0 or high >= vocab or distinct != draft_vocab:
+        raise SpecbenchError(f"{where}: its d2t map sends the {draft_vocab} draft ids to target ids {low}..{high} "
+                             f"({distinct} distinct); each must be a distinct id in 0..{vocab - 1} (the target's "
+                             f"vocabulary)")
+    if t2d is not None:
+        if t2d.ndim != 1 or t2d.numel() != vocab:
+            raise SpecbenchError(f"{where}: its t2d has shape {tuple(t2d.shape)}, but the target's vocabulary needs "
+                                 f"one flag per token ({vocab},)")
+        if t2d.is_floating_point() or not bool(((t2d == 0) | (t2d == 1)).all()):
+            raise SpecbenchError(f"{where}: its t2d holds values {sorted(set(t2d.unique().tolist()))[:4]}, but it "
+                                 f"must flag each target id with 0 or 1 (in the draft vocabulary or not)")
+        flagged = t2d.bool()
+        missing = ids[~flagged[ids]]
+        if int(flagged.sum()) != draft_vocab or len(missing):
+            raise SpecbenchError(f"{where}: its t2d flags {int(flagged.sum())} target ids, {len(missing)} of d2t's "
+                                 f"{draft_vocab} not among them (e.g. {missing[:3].tolist()}); t2d must flag exactly "
+                                 f"the target ids d2t maps to")
+    return ids
 
 
 def _eagle3_key(key: str) -> str:

@@ -64,6 +64,30 @@ class Published:
         return found
 
 
+def check_base_model(ckpt: Published, base, target) -> None:
+    """The base model a published config names (base_model_name_or_path) must be the target: heads trained on
+    another model whose shapes happen to fit would draft, and be rejected, silently. Names compare by their last
+    path part (a hub id's name, a local folder's, a hub cache snapshot's repository), case-insensitively."""
+    if not base or base == "unknown":
+        return
+    ours = {_model_name(n) for n in (target.name, target.source, getattr(target.model.config, "_name_or_path", ""))
+            if n}
+    if _model_name(base) not in ours:
+        raise SpecbenchError(f"{ckpt.name} checkpoint '{ckpt.folder}' was trained for base model '{base}' (its "
+                             f"config's base_model_name_or_path), but the target is '{target.name}' ({target.source}); "
+                             f"load '{base}' (model.path=<its hub id or a folder named {_model_name(base)}>), or "
+                             f"set base_model_name_or_path to '{target.name}' if it is that model under another name")
+
+
+def _model_name(name) -> str:
+    """'org/Name' -> 'name'; '.../models--org--Name/snapshots/<hash>' -> 'name'; '/dir/Name/' -> 'name'."""
+    parts = Path(str(name)).parts
+    for part in parts:
+        if part.startswith("models--"):
+            return part.split("--")[-1].lower()
+    return parts[-1].lower() if parts else ""
+
+
 def resolve(path) -> Path:
     """A local path (relative ones also against the repo root), or a hub id's snapshot already in the local Hugging
     Face cache: nothing is downloaded here."""

@@ -16,7 +16,7 @@ import logging
 import torch
 
 from specbench.errors import SpecbenchError
-from specbench.models.published.files import Published
+from specbench.models.published.files import Published, check_base_model
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +24,11 @@ log = logging.getLogger(__name__)
 def ppd_checkpoint(ckpt: Published, target) -> tuple[dict, dict[str, torch.Tensor]]:
     """(metadata, tensors) keyed as specbench.drafters.ppd.PromptTokens."""
     cfg = ckpt.config
-    m, n_e = int(cfg["num_special_tokens"]), int(cfg.get("virtual_tokens_per_special_token", 1))
+    m, n_e = cfg["num_special_tokens"], cfg.get("virtual_tokens_per_special_token", 1)
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in (m, n_e)):
+        raise SpecbenchError(f"PPD checkpoint '{ckpt.folder}' has num_special_tokens={m!r} and "
+                             f"virtual_tokens_per_special_token={n_e!r} in adapter_config.json; both must be integers "
+                             f">= 1")
     attention = str(cfg.get("vt_attention_type", "decoder")).lower()
     unsupported = [f"{key}={cfg[key]!r}" for key, ok in (("use_custom_lm_head", False), ("use_prefix_tuning", False),
                                                          ("num_exits", 1), ("aggregation_type", "mean"))
@@ -46,6 +50,7 @@ def ppd_checkpoint(ckpt: Published, target) -> tuple[dict, dict[str, torch.Tenso
         raise SpecbenchError(f"PPD checkpoint '{ckpt.folder}' holds prompt embeddings of shape {tuple(embeds.shape)} "
                              f"(base model '{base}'), but {m} special tokens x {n_e} members for the target "
                              f"'{target.name}' need ({m * n_e}, {hidden}); load the base model it was trained for")
+    check_base_model(ckpt, base, target)
     arch = {"num_prompt_tokens": m, "num_ensemble": n_e, "hidden_size": hidden}
     log.info("published PPD prompt tokens %s: %d tokens x %d members, base model %s", ckpt.folder, m, n_e, base)
     return {"format": "published", "layout": "ppd", "method": "ppd", "source": str(ckpt.folder), "base_model": base,

@@ -1,0 +1,73 @@
+"""The engines a run may add (eval.engines=[ENGINE[:MODE], ...]), their modes and the package each needs, checked
+before any model loads: an engine whose package is missing is one line naming the install command.
+
+Each engine's module is imported only when a run builds it, so a checkout without the `engines` extra runs as before.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from dataclasses import dataclass
+
+from specbench.engines.base import INSTALL, PLAIN
+from specbench.errors import SpecbenchError
+
+
+@dataclass(frozen=True)
+class EngineKind:
+    module: str  # the import it needs
+    package: str  # its pip name
+    modes: tuple[str, ...]  # plain first, then its own speculative modes
+    builder: str  # MODULE:FUNCTION(mode, EngineContext) -> Engine
+
+
+ENGINES: dict[str, EngineKind] = {
+    "transformers": EngineKind("transformers", "transformers", (PLAIN, "prompt_lookup", "assistant", "universal"),
+                               "specbench.engines.hf:build"),
+    "llama_cpp": EngineKind("llama_cpp", "llama-cpp-python", (PLAIN, "prompt_lookup", "draft"),
+                            "specbench.engines.llama_cpp:build"),
+}
+
+
+@dataclass(frozen=True)
+class EngineEntry:
+    label: str  # the row's name in records and summaries: ENGINE or ENGINE:MODE
+    engine: str
+    mode: str
+
+    @property
+    def kind(self) -> EngineKind:
+        return ENGINES[self.engine]
+
+
+def parse_engines(entries) -> list[EngineEntry]:
+    """eval.engines as entries, each engine and mode known and its package installed (found, not imported)."""
+    if entries is None:
+        return []
+    if isinstance(entries, str) or not all(isinstance(e, str) for e in entries):
+        raise SpecbenchError(f"eval.engines={entries!r} is invalid: give a list of ENGINE[:MODE] such as "
+                             f"[llama_cpp,llama_cpp:prompt_lookup]; engines: {_known()}")
+    out = []
+    for text in entries:
+        engine, _, mode = text.partition(":")
+        kind = ENGINES.get(engine)
+        if kind is None or (mode and mode not in kind.modes) or mode == PLAIN:
+            raise SpecbenchError(f"eval.engines entry '{text}' is not an engine; valid: {_known()}")
+        if importlib.util.find_spec(kind.module) is None:
+            raise SpecbenchError(f"eval.engines entry '{text}' needs {kind.package}, which is not installed: "
+                                 f"{INSTALL}")
+        if text in {e.label for e in out}:
+            raise SpecbenchError(f"eval.engines lists '{text}' twice")
+        out.append(EngineEntry(text, engine, mode or PLAIN))
+    return out
+
+
+def builder(entry: EngineEntry):
+    module, _, function = entry.kind.builder.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def _known() -> str:
+    return ", ".join(name if mode == PLAIN else f"{name}:{mode}" for name, kind in ENGINES.items()
+                     for mode in kind.modes)

