@@ -151,6 +151,27 @@ def test_the_default_datastore_is_built_on_first_use_and_reused(tiny, prompts, t
     assert decode(tiny, drafter, prompts[0]).tokens == ar.tokens
 
 
+def test_a_run_that_builds_the_datastore_resumes_into_its_own_folder(tmp_path, monkeypatch):
+    """The datastore a run builds on first use is fingerprinted in its settings as built: a rerun into the same
+    folder resumes instead of being refused for a datastore that was 'missing' when the settings were written."""
+    import specbench.data.sharegpt as sharegpt
+    from specbench.tasks import eval as eval_task
+
+    from .conftest import compose_cfg
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    chat = [{"role": "user", "content": "the cat sat on the mat"}, {"role": "assistant", "content": "the mat sat"}]
+    monkeypatch.setattr(sharegpt, "read_sharegpt", lambda n: [chat] * 3)
+    overrides = ["model=tiny_random", "eval.dtype=float32", "eval.num_prompts=1", "eval.max_new_tokens=8",
+                 "eval.warmup=0", "eval.memory_probe=false", "eval.fastest_ar=false", "eval.latency_profile=false",
+                 "method=sssd"]
+    eval_task.run(compose_cfg(overrides, tmp_path / "run"))
+    settings = json.loads((tmp_path / "run" / "settings.json").read_text())
+    assert "missing" not in json.dumps(settings)
+    summary = eval_task.run(compose_cfg(overrides, tmp_path / "run"))  # resumes: nothing decoded again
+    assert set(summary["method"]) == {"autoregressive", "sssd"}
+
+
 def test_a_datastore_for_another_tokenizer_is_refused(tiny, tmp_path):
     other = byte_tokenizer()
     other.add_tokens(["<extra>"])

@@ -111,6 +111,10 @@ def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Pat
     # drafters are built on the eager model in the run's dtype and weights (build_drafter says why)
     cast = with_dtype(with_weights(loaded, execution.weights), execution.dtype)
     target = with_backend(cast, execution.backend)
+    latency = latency_curve(hw, machine, target, execution, context) if req.sized else None
+    # drafters before settings: building one may make its one-time artifact (SSSD's default datastore), whose
+    # fingerprint is part of the method's settings
+    drafters = [_drafter(e, tree, cast, execution.backend, latency) for e, tree in zip(req.entries, req.trees)]
 
     fast_b, fast_d, fast_w = execution.fastest_ar
     per_method = {e.label: e.settings() for e in req.entries} | {BASELINE: BASELINE_SETTINGS}
@@ -123,18 +127,19 @@ def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Pat
     eager_ref = cfg.eval.eager_reference and execution.backend != "eager" and EAGER_REFERENCE not in fastest
     if eager_ref:  # the run's dtype on transformers' own forward: every method's tokens are also checked against it
         per_method[EAGER_REFERENCE] = {**BASELINE_SETTINGS, "dtype": execution.dtype, "backend": "eager"}
+
     def cast_to(d: str, w: str) -> LoadedModel:
         return cast if (d, w) == (execution.dtype, execution.weights) else with_dtype(with_weights(loaded, w), d)
 
-    engines = build_engines(cfg, req.engines, cast_to(fast_d, fast_w), loaded)  # on the eager model in the fastest plain decoding's dtype
+    # engines run on the eager model in the fastest plain decoding's dtype and weights
+    engines = build_engines(cfg, req.engines, cast_to(fast_d, fast_w), loaded)
     per_method |= {b.entry.label: b.settings() for b in engines}
     shared = shared_settings(cfg, execution.dtype, execution.backend, execution.weights, attention_tag(loaded))
     check_and_save_settings(out, shared, per_method)
     hashes = {label: hash_of(shared, m) for label, m in per_method.items()}
 
-    latency = latency_curve(hw, machine, target, execution, context) if req.sized else None
-    runs = [MethodRun(e.label, _drafter(e, tree, cast, execution.backend, latency), build(e.cfg.accept),
-                      hashes[e.label], e.name) for e, tree in zip(req.entries, req.trees)]
+    runs = [MethodRun(e.label, drafter, build(e.cfg.accept), hashes[e.label], e.name)
+            for e, drafter in zip(req.entries, drafters)]
     plain = [MethodRun(label, AutoregressiveDrafter(), ExactAcceptance(), hashes[label], BASELINE,
                        with_backend(cast_to(d, w), b)) for label, (b, d, w) in (fastest | also).items()]
     if eager_ref:
