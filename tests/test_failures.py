@@ -314,7 +314,8 @@ def test_an_empty_dataset_is_one_line_before_the_model_loads(datasets):
     (["model.weights=int4", "model.group_size=256"],
      "model.group_size=256 is invalid for model tiny_random: it must divide every linear's input channels "
      "(64, 128); give one of 32, 64"),
-    (["model.weights=auto", "model.group_size=128"], "model.group_size=128 is invalid for model tiny_random"),
+    (["model.weights=auto", "eval.profile_weights=[fp,int4]", "model.group_size=128"],
+     "model.group_size=128 is invalid for model tiny_random"),
     (["tree.budget=100000"], "tree.budget=100000 is invalid: a tree of 100000 nodes cannot fit model tiny_random's "
                              "context of 512 tokens; it must be an integer <= 512"),
     (["methods=[pld,{method:pld,label:big,overrides:['tree.budget=600']}]"],
