@@ -474,7 +474,12 @@ def test_gpu_recipes_validate_with_the_users_paths(tmp_path, tiny):
     shipped defaults name hub ids this offline machine has not cached)."""
     from specbench.schema import validate
 
-    tiny.model.save_pretrained(tmp_path / "vicuna")
+    config = tiny.model.config
+    context, config.max_position_embeddings = config.max_position_embeddings, 4096  # Vicuna's room for 1,024 tokens
+    try:
+        tiny.model.save_pretrained(tmp_path / "vicuna")
+    finally:
+        config.max_position_embeddings = context
     tiny.tokenizer.save_pretrained(tmp_path / "vicuna")
     medusa, _ = medusa_folder(tmp_path / "medusa", tiny, 1, "medusa_lm_head.safetensors")
     questions = tmp_path / "question.jsonl"
