@@ -116,7 +116,7 @@ def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Pat
     # fingerprint is part of the method's settings
     drafters = [_drafter(e, tree, cast, execution.backend, latency) for e, tree in zip(req.entries, req.trees)]
 
-    fast_b, fast_d, fast_w = execution.fastest_ar
+    _, fast_d, fast_w = execution.fastest_ar
     per_method = {e.label: e.settings() for e in req.entries} | {BASELINE: BASELINE_SETTINGS}
     fastest = fastest_plain_runs(cfg, execution)  # label -> execution: the headline's references
     per_method |= {label: {**BASELINE_SETTINGS, "dtype": d, "backend": b, "weights": w}

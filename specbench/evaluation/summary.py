@@ -56,12 +56,11 @@ def print_table(summary: pd.DataFrame) -> None:
     """The table a newcomer reads: what ran, on which execution, how far it drafted, how fast against the same
     weights' fastest plain decoding and against any weights', and whether it kept plain decoding's tokens. Every
     other column is in summary.csv. A speedup below 1 is followed by why, in the run's own numbers."""
+    weights = summary["weights"] if "weights" in summary else pd.Series(["fp"] * len(summary))  # older summaries
     with pd.option_context("display.width", 250, "display.max_columns", 20, "display.max_colwidth", 40):
         print(pd.DataFrame({
             "method": summary["method"],
-            "execution": [execution_label(b, d, w) for b, d, w in
-                          zip(summary["backend"], summary["dtype"],
-                              summary["weights"] if "weights" in summary else ["fp"] * len(summary))],
+            "execution": [execution_label(b, d, w) for b, d, w in zip(summary["backend"], summary["dtype"], weights)],
             "tau": summary["tau"].map("{:.2f}".format),
             "tok/s": summary["tokens_per_s"].map("{:.1f}".format),
             "speedup [95% CI]": [_with_ci(*v) for v in
@@ -69,7 +68,6 @@ def print_table(summary: pd.DataFrame) -> None:
             "vs any weights": summary["speedup_any"].map("{:.2f}x".format),
             "lossless": [_lossless(r) for _, r in summary.iterrows()],
         }).to_string(index=False))
-    weights = summary["weights"] if "weights" in summary else pd.Series(["fp"] * len(summary))
     same = "; ".join(f"{w}: {ref}" for w, ref in dict(zip(weights, summary["fastest_ar"])).items())
     print(f"speedup: ratio of means against the fastest plain decoding of the same weights ({same}), 95% paired "
           f"bootstrap CI; vs any weights: against {summary['fastest_ar_any'].iloc[0]}; more columns in summary.csv")
@@ -103,7 +101,7 @@ def _why_slower(summary: pd.DataFrame) -> list[str]:
     lines = []
     for _, row in summary.iterrows():
         ref = row["fastest_ar"]
-        if not (row["speedup"] < 1) or ref not in by_label.index or row["method"] == ref or row["tau"] != row["tau"]:
+        if not (row["speedup"] < 1) or ref not in by_label.index or row["method"] == ref or pd.isna(row["tau"]):
             continue
         cost = (row["tau"] / row["decode_tokens_per_s"]) * by_label.loc[ref, "decode_tokens_per_s"]
         what = f"a {row['mean_tree_size']:.0f}-row verify" + (f" and {row['draft_ms_per_step']:.1f} ms of drafting"
