@@ -223,7 +223,8 @@ def category_figure(records: pd.DataFrame, summary: pd.DataFrame) -> Figure:
         ax.set_yticks(y, methods, fontsize=7)
     for ax in axes.flat[len(categories):]:
         ax.set_visible(False)
-    fig.supxlabel(f"speedup over {fastest} (x)", fontsize=9)  # once: a label per panel overlapped its neighbours
+    for ax in axes[-1]:
+        ax.set_xlabel(f"speedup over {fastest} (x)", fontsize=8)
     axes[0, 0].invert_yaxis()
     return _finish(fig, "Speedup per category (tokens/s over the same weights' fastest plain decoding's, τ at each bar)",
                    summary)
