@@ -379,3 +379,48 @@ def test_projected_speedup_includes_the_drafters_own_cost():
     assert summary.loc["medusa", "projected_speedup"] == pytest.approx(2 * 1 / 25)
     assert summary.loc["ppd", "projected_speedup"] == pytest.approx(2 * 1 / 5)
     assert summary.loc["draft", "projected_tokens_per_s"] == pytest.approx(2 / 0.035)
+
+
+def test_a_named_backend_outside_the_profiled_ones_is_measured_beside_them(tmp_path, monkeypatch):
+    """On the H100, model.backend=compile with eval.profile_backends=[eager] ended in 'the machine profile has no
+    execution compile/bfloat16': the run's own backend must be measured too, even when the fastest plain decoding
+    is chosen among other backends."""
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    path = profile_path("tiny_random", "cpu")
+    path.parent.mkdir(parents=True)
+    path.write_text(hand_made_profile(fast_small="float32", fast_large="float32").to_json())
+    overrides = [*FAST, "model.backend=prepacked", "eval.fastest_ar=true", "eval.profile_backends=[eager]",
+                 "eval.profile_weights=[fp]", "eval.num_prompts=1", "eval.max_new_tokens=8", "eval.first_turn_only=true"]
+    summary = eval_task.run(compose_cfg(overrides, tmp_path / "run")).set_index("method")
+    assert summary.loc["pld", "backend"] == "prepacked"
+    measured = MachineProfile.from_json(path.read_text()).executions
+    assert ("prepacked", "float32", "fp") in measured and ("eager", "bfloat16", "fp") in measured
+
+
+def test_a_run_that_chooses_nothing_profiles_only_its_own_execution(tmp_path, monkeypatch):
+    """A fixed backend and dtype without the fastest plain decoding need L(n) of that execution alone (here for the
+    hardware-aware tree): profiling every dtype made the H100's compiled run spend its time compiling three."""
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    acc = [[0.6, 0.2], [0.5, 0.2]]
+    overrides = [*FAST, "method=draft_model", "method.checkpoint=null", "method.draft.early_exit_layers=1",
+                 "tree=hardware_aware", f"tree.accept_prob={acc}", "tree.budget=4", "eval.num_prompts=1",
+                 "eval.max_new_tokens=8", "eval.first_turn_only=true", "eval.profile_weights=[fp]",
+                 "eval.profile_backends=[eager,prepacked]", "model.backend=eager"]
+    eval_task.run(compose_cfg(overrides, tmp_path / "run"))
+    profile = MachineProfile.from_json(profile_path("tiny_random", "cpu").read_text())
+    assert profile.executions == [("eager", "float32", "fp")]
+
+
+def test_the_why_line_explains_methods_not_plain_decoding_on_a_slower_execution():
+    from specbench.evaluation.summary import _why_slower
+
+    row = {"fastest_ar": "autoregressive@float16", "decode_tokens_per_s": 20.0, "draft_ms_per_step": 0.2}
+    summary = pd.DataFrame([
+        {**row, "method": "autoregressive", "speedup": 0.91, "tau": 1.0, "mean_tree_size": 1.0},
+        {**row, "method": "autoregressive@float16", "speedup": 1.0, "tau": 1.0, "mean_tree_size": 1.0,
+         "decode_tokens_per_s": 22.0},
+        {**row, "method": "eagle", "speedup": 0.57, "tau": 2.7, "mean_tree_size": 64.0, "decode_tokens_per_s": 12.0,
+         "draft_ms_per_step": 144.0}])
+    lines = _why_slower(summary)
+    assert len(lines) == 1 and lines[0].startswith("eagle is slower than autoregressive@float16")
+    assert "144.0 ms of drafting" in lines[0]

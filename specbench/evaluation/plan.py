@@ -98,9 +98,16 @@ def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Pat
     """loaded: the target as setup_target loads it (eager, float32 under eval.dtype=auto)."""
     backend = cfg.model.backend
     wants_profile = AUTO in (cfg.eval.dtype, backend) or cfg.eval.fastest_ar or req.sized
-    backends = req.profile_backends if backend == AUTO or cfg.eval.fastest_ar else [backend]
+    # measure what the run's own choices need: the backends auto or the fastest plain decoding choose among, with
+    # a named backend beside them (the run executes it); every dtype only where auto or the fastest one chooses
+    if backend == AUTO:
+        backends = req.profile_backends
+    else:
+        backends = list(dict.fromkeys([*req.profile_backends, backend])) if cfg.eval.fastest_ar else [backend]
+    dtypes = None if cfg.eval.dtype == AUTO or cfg.eval.fastest_ar else [cfg.eval.dtype]
     weights, formats = run_weights(cfg)
-    machine = load_or_measure_profile(loaded, backends=backends, weights=formats) if wants_profile else None
+    machine = load_or_measure_profile(loaded, dtypes=dtypes, backends=backends, weights=formats) \
+        if wants_profile else None
     context = cfg.eval.profile_context + cfg.eval.max_new_tokens / 2
     execution = plan(cfg.eval.dtype, backend, machine, float(np.mean([t.budget for t in req.trees])), context,
                      weights, formats)

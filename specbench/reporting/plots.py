@@ -56,7 +56,12 @@ def caption(summary: pd.DataFrame) -> str:
         return ", ".join(str(v) for v in dict.fromkeys(summary[key])) if key in summary else "?"
     return (f"{one('model')} | hw {one('hw')} | {one('backend')} | {one('dtype')} | weights {one('weights')} | "
             f"{one('dataset')} | "
-            f"{int(summary['num_prompts'].max())} prompts | {one('cpu_capability')}")
+            f"{int(summary['num_prompts'].max())} prompts | {_device(summary, one)}")
+
+
+def _device(summary: pd.DataFrame, one) -> str:
+    """The GPU where the run had one, else the CPU's vector ISA (what decides a CPU run's speed)."""
+    return one("gpu_name") if "gpu_name" in summary and summary["gpu_name"].notna().any() else one("cpu_capability")
 
 
 def with_budgets(summary: pd.DataFrame, settings: dict) -> pd.DataFrame:
