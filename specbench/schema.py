@@ -31,12 +31,12 @@ from specbench.config import build
 from specbench.data.prompts import HELD_OUT_FROM, read_jsonl
 from specbench.errors import SpecbenchError
 from specbench.evaluation.methods import resolve_entries
-from specbench.evaluation.precision import parse_execution
+from specbench.execution.value import Execution
 from specbench.evaluation.quality import check_quality
-from specbench.models.attention import check_attention
-from specbench.models.backends import AUTO, BACKENDS, RUN_KEYS, check_backend
+from specbench.execution.attention import check_attention
+from specbench.execution.backends import AUTO, BACKENDS, RUN_KEYS, check_backend
 from specbench.models.loading import DTYPES, check_model_path, load_model, read_config
-from specbench.models.quantize import FORMATS, GROUP_SIZES, check_weights
+from specbench.execution.quantize import FORMATS, GROUP_SIZES, check_weights
 from specbench.models.tiny import tiny_config, tiny_random
 from specbench.reporting.loggers import check_logger
 from specbench.sampling import SamplingParams
@@ -87,7 +87,7 @@ class EvalSchema:
     profile_backends: list[str] = setting(choices=list(BACKENDS))
     profile_weights: list[str] = setting(choices=list(FORMATS))
     profile_agreement: int = setting(low=0)
-    plain_executions: list[str] = setting()  # each backend/dtype[/weights]: precision.parse_execution
+    plain_executions: list[str] = setting()  # each backend/dtype[/weights]: Execution.parse (execution/value.py)
     quality: Optional[str] = setting()  # its choices and dataset: check_quality below
 
 
@@ -376,7 +376,7 @@ def _check_inputs(cfg: DictConfig) -> None:
     if model is not None and model.get("weights") is not None:
         check_weights(model.weights, model.get("group_size", 32))
     for text in OmegaConf.select(cfg, "eval.plain_executions") or []:
-        parse_execution(text, model.get("group_size", 32) if model is not None else 32)
+        Execution.parse(text, model.get("group_size", 32) if model is not None else 32)
     if model is not None and model.get("path") is not None:
         check_model_path(model.path)
     check_logger(cfg.get("logger"))

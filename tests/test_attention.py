@@ -15,7 +15,7 @@ from specbench.drafters.pld import PromptLookupDrafter
 from specbench.errors import SpecbenchError
 from specbench.hardware.measured import attention as measured
 from specbench.models import tiny_random
-from specbench.models.attention import attention_tag, with_attention
+from specbench.execution.attention import attention_tag, with_attention
 from specbench.sampling import SamplingParams
 from specbench.trees.native import NativePolicy
 from specbench.verification import verify_tree

@@ -13,9 +13,9 @@ from specbench.decoding import Decoder
 from specbench.drafters.autoregressive import AutoregressiveDrafter
 from specbench.drafters.pld import PromptLookupDrafter
 from specbench.errors import SpecbenchError
-from specbench.models.backends import PackedLinear, supported, with_backend
+from specbench.execution.backends import PackedLinear, supported, with_backend
 from specbench.models.loading import with_dtype
-from specbench.models.quantize import with_weights
+from specbench.execution.quantize import with_weights
 from specbench.sampling import SamplingParams
 from specbench.trees.native import NativePolicy
 from specbench.trees.token_tree import TokenTree
@@ -30,7 +30,7 @@ def fast(tiny):
 
 
 def test_prepacked_swaps_every_linear_on_a_copy_and_keeps_the_weights_shared(tiny, fast):
-    """q/k/v and gate/up are one packed GEMM each (models/linears.py), every other linear packed alone."""
+    """q/k/v and gate/up are one packed GEMM each (execution/linears.py), every other linear packed alone."""
     packed = fast["prepacked"].model
     linears = [n for n, m in tiny.model.named_modules() if isinstance(m, torch.nn.Linear)]
     assert not any(isinstance(m, torch.nn.Linear) for m in packed.modules())

@@ -23,7 +23,7 @@ from specbench.drafters.autoregressive import AutoregressiveDrafter
 from specbench.drafters.eagle import LEVEL_ROWS, ROOT_ROWS, EagleDrafter, EagleHead, feature_layers
 from specbench.errors import SpecbenchError
 from specbench.evaluation.methods import build_drafter
-from specbench.models.backends import PackedLinear
+from specbench.execution.backends import PackedLinear
 from specbench.models.artifact import load_artifact, save_artifact
 from specbench.sampling import SamplingParams
 from specbench.tasks.train import train

@@ -424,3 +424,19 @@ def test_the_why_line_explains_methods_not_plain_decoding_on_a_slower_execution(
     lines = _why_slower(summary)
     assert len(lines) == 1 and lines[0].startswith("eagle is slower than autoregressive@float16")
     assert "144.0 ms of drafting" in lines[0]
+
+
+def test_a_run_profiles_the_sizes_up_to_its_largest_tree():
+    """A first run measures L(n) only up to the size its trees read (PLD's 11 rows: up to 16), not every size."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from specbench.evaluation.plan import profile_sizes
+
+    cfg = OmegaConf.create({"eval": {"profile_sizes": [1, 2, 4, 8, 16, 32, 64]}})
+    trees = [SimpleNamespace(budget=b) for b in (5, 11)]
+    assert profile_sizes(cfg, trees) == [1, 2, 4, 8, 16]
+    assert profile_sizes(cfg, [SimpleNamespace(budget=64)]) == [1, 2, 4, 8, 16, 32, 64]
+    assert profile_sizes(cfg, [SimpleNamespace(budget=100)]) == [1, 2, 4, 8, 16, 32, 64]
+    assert profile_sizes(cfg, [SimpleNamespace(budget=2)]) == [1, 2]

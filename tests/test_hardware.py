@@ -24,7 +24,7 @@ from specbench.hardware.modelled import ghidorah, llmcad
 from specbench.hardware.modelled.ops import op_costs, roofline_ops
 from specbench.hardware.modelled.roofline import project, roofline_step_time, sssd_free_budget
 from specbench.hardware.modelled.spec import HardwareSpec
-from specbench.models.backends import supported
+from specbench.execution.backends import supported
 from specbench.models.shape import ModelShape, named_shape
 from tests.conftest import compose_cfg
 
@@ -304,9 +304,9 @@ def test_latency_is_interpolated_in_n_and_context():
 
 def test_choose_execution_minimises_the_verify_forward_and_names_the_fastest_plain_decoding():
     p = toy_profile()
-    backend, dtype, weights, reason = choose_execution(p, 1, 128)
+    (backend, dtype, weights), reason = choose_execution(p, 1, 128)
     assert (backend, dtype, weights) == ("eager", "bfloat16", "fp")  # L(1): 31.3 vs 53.3
-    backend, dtype, weights, reason = choose_execution(p, 8, 128)
+    (backend, dtype, weights), reason = choose_execution(p, 8, 128)
     assert dtype == "float32"  # L(8): 67.3 vs 101.3
     assert "L(8)" in reason and "67.3 ms" in reason and "fastest plain decoding is eager/bfloat16 at L(1) = 31.3 ms" in reason
 
@@ -317,10 +317,10 @@ def test_choose_execution_weighs_backends_against_dtypes_and_keeps_to_the_allowe
     compiled = p.latency[p.latency["dtype"] == "float32"].assign(backend="compile", ms=lambda f: 35 + 0.5 * f["tokens"])
     p = MachineProfile({}, "cpu", "toy", FAKE_PEAKS, pd.concat([p.latency, compiled], ignore_index=True))
     assert ("compile", "float32", "fp") in p.executions
-    assert choose_execution(p, 8, 128)[:2] == ("compile", "float32")  # 39 vs eager fp32 67.3, bf16 101.3
-    assert choose_execution(p, 1, 128)[:2] == ("eager", "bfloat16")  # 31.3 vs compiled 35.5
-    assert choose_execution(p, 8, 128, backends=["eager"])[:2] == ("eager", "float32")
-    assert choose_execution(p, 8, 128, dtypes=["bfloat16"])[:2] == ("eager", "bfloat16")
+    assert choose_execution(p, 8, 128)[0][:2] == ("compile", "float32")  # 39 vs eager fp32 67.3, bf16 101.3
+    assert choose_execution(p, 1, 128)[0][:2] == ("eager", "bfloat16")  # 31.3 vs compiled 35.5
+    assert choose_execution(p, 8, 128, backends=["eager"])[0][:2] == ("eager", "float32")
+    assert choose_execution(p, 8, 128, dtypes=["bfloat16"])[0][:2] == ("eager", "bfloat16")
     with pytest.raises(SpecbenchError, match="no measurement for backend \\['prepacked'\\]"):
         choose_execution(p, 8, 128, backends=["prepacked"])
 

@@ -58,7 +58,7 @@ def grid_profile(ms: dict) -> MachineProfile:
 def test_a_quantised_execution_slower_at_both_ends_is_recorded_not_measured(tiny, measuring, monkeypatch):
     """int8 weights made 3x slower than the float model at every size: one probe at the smallest and largest size,
     then a reason in the profile instead of a curve; int4, as fast as float, is measured; a rerun measures nothing."""
-    from specbench.models.quantize import Int8Linear
+    from specbench.execution.quantize import Int8Linear
 
     def slow_int8(model, sizes, contexts, repeats, statistic):
         frame = fake_latency(model, sizes, contexts, repeats, statistic)
@@ -96,7 +96,7 @@ def test_a_run_that_asks_for_more_executions_measures_only_the_new_ones(tiny, me
     assert set(more.executions) >= {("eager", "float32", "fp"), ("prepacked", "float32", "fp")}
 
     def slow_packed(model, sizes, contexts, repeats, statistic):
-        from specbench.models.backends import PackedLinear
+        from specbench.execution.backends import PackedLinear
         frame = fake_latency(model, sizes, contexts, repeats, statistic)
         return frame.assign(ms=frame["ms"] * 3) if any(isinstance(m, PackedLinear) for m in model.modules()) else frame
 

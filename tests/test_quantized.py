@@ -1,4 +1,4 @@
-"""Weight-only int8/int4 targets (models/quantize.py) and fused projections (models/linears.py): each kernel computes
+"""Quantised targets, int8/int4 weight-only and w8a8 (execution/quantize.py) and fused projections (execution/linears.py): each kernel computes
 each row on its own (bitwise), so tree verification and speculative decoding of the quantised target are exactly
 lossless against its own plain decoding; fusing changes no output; bad settings are one error line."""
 
@@ -11,12 +11,14 @@ from specbench.decoding import Decoder
 from specbench.drafters.autoregressive import AutoregressiveDrafter
 from specbench.drafters.pld import PromptLookupDrafter
 from specbench.errors import SpecbenchError
-from specbench.models.linears import FusedPart, fuse_projections
+from specbench.execution.linears import FusedPart, fuse_projections
 from specbench.models.loading import with_dtype
-from specbench.models.quantize import (
+from specbench.execution.quantize import (
     Int4Linear,
     Int8Linear,
+    W8A8Linear,
     check_weights,
+    quantised_linear,
     with_weights,
 )
 from specbench.sampling import SamplingParams
@@ -24,15 +26,14 @@ from specbench.trees.native import NativePolicy
 from specbench.trees.token_tree import TokenTree
 from specbench.verification import commit_path, verify_tree
 
-FORMATS = [("int8", 32), ("int4", 32), ("int4", 64)]
+FORMATS = [("int8", 32), ("int4", 32), ("int4", 64), ("w8a8", 32)]
 DTYPES = ["float32", "bfloat16"]
 
 
 def _layer(weights: str, group_size: int, out_features: int, in_features: int, dtype: str, seed: int = 0):
     torch.manual_seed(seed)
     linear = torch.nn.Linear(in_features, out_features, bias=False)
-    layer = Int8Linear(linear) if weights == "int8" else Int4Linear(linear, group_size)
-    return layer.to(getattr(torch, dtype)), linear
+    return quantised_linear(linear, weights, group_size).to(getattr(torch, dtype)), linear
 
 
 # SmolLM2-135M's shapes (q/o, k/v, gate/up, down, fused qkv and gate-up) and odd ones (int4 pads 100 rows to 112)
@@ -55,7 +56,7 @@ def test_each_kernel_computes_every_row_of_a_tree_as_it_computes_that_row_alone(
                 assert torch.equal(layer(x[:n]), alone[:n]), (out_features, in_features, n)
 
 
-@pytest.mark.parametrize("weights,group_size", FORMATS)
+@pytest.mark.parametrize("weights,group_size", [f for f in FORMATS if f[0] != "w8a8"])
 def test_a_quantised_linear_is_the_float_one_within_its_rounding(weights, group_size):
     """|y - x w^T| <= |x| (step / 2) summed over the inputs: each weight moves by at most half a quantisation step
     (int8: max |w| / 127 per output channel; int4: (max - min) / 15 per group), and no further."""
@@ -74,16 +75,30 @@ def test_a_quantised_linear_is_the_float_one_within_its_rounding(weights, group_
     assert error.max() > bound.max() / 1000  # it is quantised: not the float layer itself
 
 
+def test_a_w8a8_linear_is_the_float_one_within_the_rounding_of_both_factors():
+    """x and w each move by at most half their step (w: max |w| / 127 per output channel; x: max |x| / 127 per row),
+    so |y - x w^T| <= sum_k |x| dw + dx |w| + dx dw, and the int32 sum adds no error of its own."""
+    layer, linear = _layer("w8a8", 32, 192, 576, "float32")
+    w = linear.weight.detach()
+    x = torch.randn(8, 576)
+    dw = (w.abs().amax(1, keepdim=True) / 127 / 2).expand_as(w)
+    dx = (x.abs().amax(1, keepdim=True) / 127 / 2).expand_as(x)
+    with torch.inference_mode():
+        error = (layer(x) - x @ w.T).abs()
+    bound = x.abs() @ dw.T + dx @ w.abs().T + dx @ dw.T
+    assert (error <= bound * 1.001 + 1e-5).all()
+    assert error.max() > bound.max() / 1000
+
+
 @pytest.mark.parametrize("weights,group_size", FORMATS)
 def test_with_weights_swaps_every_linear_on_a_view_and_quantises_the_lm_head(tiny, weights, group_size):
     quant = with_weights(tiny, weights, group_size)
-    cls = Int8Linear if weights == "int8" else Int4Linear
-    assert isinstance(quant.model.lm_head, cls)
+    assert isinstance(quant.model.lm_head, {"int8": Int8Linear, "int4": Int4Linear, "w8a8": W8A8Linear}[weights])
     assert not any(isinstance(m, torch.nn.Linear) for m in quant.model.modules())
     assert all(isinstance(m, torch.nn.Linear) for n, m in tiny.model.named_modules() if n.endswith("_proj"))  # intact
     assert isinstance(quant.model.model.layers[0].self_attn.k_proj, FusedPart)
     assert quant.model.model.embed_tokens is tiny.model.model.embed_tokens  # shared, not copied
-    assert quant.weights == ("int8" if weights == "int8" else f"int4_g{group_size}") and tiny.weights == "fp"
+    assert quant.weights == (f"int4_g{group_size}" if weights == "int4" else weights) and tiny.weights == "fp"
     assert with_weights(quant, weights, group_size) is quant
 
 
@@ -211,7 +226,7 @@ def test_a_group_size_that_does_not_divide_a_layer_names_the_ones_that_do(tiny):
 
 
 def test_a_quantised_target_is_refused_a_second_format_or_a_prepacked_base(tiny):
-    from specbench.models.backends import with_backend
+    from specbench.execution.backends import with_backend
 
     with pytest.raises(SpecbenchError, match="quantise the eager float model to int4; this one is int8"):
         with_weights(with_weights(tiny, "int8"), "int4")
@@ -220,7 +235,7 @@ def test_a_quantised_target_is_refused_a_second_format_or_a_prepacked_base(tiny)
 
 
 @pytest.mark.parametrize("override,match", [
-    ("model.weights=int3", "model.weights='int3' is unknown; valid choices: fp, int8, int4, auto"),
+    ("model.weights=int3", "model.weights='int3' is unknown; valid choices: fp, int8, int4, w8a8, auto"),
     ("model.group_size=100", "model.group_size=100 is invalid for int4 weights: give one of 32, 64, 128, 256"),
     ("eval.profile_weights=[fp,int2]", "eval.profile_weights"),
     ("eval.plain_executions=[eager/bfloat16/int5]", "eval.plain_executions entry 'eager/bfloat16/int5' is invalid"),

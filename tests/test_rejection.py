@@ -24,7 +24,7 @@ from specbench.acceptance.rejection import RejectionSampling
 from specbench.sampling import SamplingParams
 from specbench.errors import SpecbenchError
 from specbench.models import tiny_random
-from specbench.models.backends import with_backend
+from specbench.execution.backends import with_backend
 from specbench.trees.chain import ChainPolicy
 from specbench.trees.dynamic import DynamicPolicy
 from specbench.trees.static import StaticPolicy

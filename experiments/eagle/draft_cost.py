@@ -26,7 +26,7 @@ from specbench.tasks._common import build_model
 from specbench.drafters.eagle import LEVEL_ROWS, EagleDrafter, EagleHead, feature_layers
 from specbench.hardware.measured.profiler import latency_profile
 from specbench.models.artifact import save_artifact
-from specbench.models.backends import supported, with_backend
+from specbench.execution.backends import supported, with_backend
 from specbench.models.loading import cache_root
 from specbench.training.datamodule import ShareGPTDataModule
 from specbench.training.eagle import draft_vocabulary

@@ -27,9 +27,9 @@ from specbench.decoding import Decoder
 from specbench.drafters.autoregressive import AutoregressiveDrafter
 from specbench.drafters.pld import PromptLookupDrafter
 from specbench.hardware.measured.attention import eager_windows
-from specbench.models.attention import attention_tag, with_attention
+from specbench.execution.attention import attention_tag, with_attention
 from specbench.models.loading import with_dtype
-from specbench.models.quantize import with_weights
+from specbench.execution.quantize import with_weights
 from specbench.sampling import SamplingParams
 from specbench.tasks._common import build_model
 from specbench.trees.native import NativePolicy

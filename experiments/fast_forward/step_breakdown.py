@@ -23,9 +23,9 @@ from transformers import DynamicCache
 
 from specbench.config import CONF_DIR
 from specbench.errors import SpecbenchError
-from specbench.models.backends import with_backend
+from specbench.execution.backends import with_backend
 from specbench.models.loading import with_dtype
-from specbench.models.quantize import with_weights
+from specbench.execution.quantize import with_weights
 from specbench.tasks._common import build_model
 
 EXECUTIONS = {"eager/float32/fp": ("eager", "float32", "fp"), "prepacked/float32/fp": ("prepacked", "float32", "fp"),

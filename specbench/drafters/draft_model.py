@@ -24,7 +24,7 @@ from specbench.sampling import SamplingParams
 from specbench.drafters.base import DrafterCost, DecodeState, Drafter, StepOutcome
 from specbench.drafters.universal import UniversalDraft
 from specbench.errors import SpecbenchError
-from specbench.models.backends import RUN_KEYS
+from specbench.execution.backends import RUN_KEYS
 from specbench.models.distilled_draft import load_distilled_draft
 from specbench.models.early_exit import early_exit
 from specbench.models.shape import ModelShape

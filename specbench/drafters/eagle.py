@@ -20,7 +20,6 @@ features, which replace the drafter's guesses.
 from __future__ import annotations
 
 import copy
-import time
 from collections import Counter
 
 import numpy as np
@@ -31,9 +30,10 @@ from transformers import AutoModel, DynamicCache
 from specbench.drafters.base import DecodeState, Drafter, StepOutcome
 from specbench.errors import SpecbenchError
 from specbench.models.published import load_drafter_checkpoint, published_eagle_head
-from specbench.models.backends import supported, with_backend
+from specbench.execution.backends import supported, with_backend
 from specbench.models.loading import LoadedModel
 from specbench.sampling import SamplingParams
+from specbench.timing import StepTimer
 from specbench.trees.greedy import GreedyPolicy
 from specbench.trees.policy import GrowingTree, TreePolicy
 from specbench.trees.token_tree import TokenTree
@@ -255,13 +255,15 @@ class EagleDrafter(Drafter):
         device, dtype = self.embed.weight.device, self.head.fc.weight.dtype
         mask = torch.ones(1, 1, n, COST_CONTEXT + n, dtype=torch.bool, device=device)
         positions = torch.full((1, n), COST_CONTEXT, device=device)
-        start = time.perf_counter()
+        timer = StepTimer(device)  # on a GPU a host clock alone reads only the launches (timing.py)
+        start = timer.mark()
         out = self.head(torch.zeros(1, n, self.hidden_size, device=device, dtype=dtype), self._embed([0] * n),
                         attention_mask=mask, position_ids=positions, past_key_values=cache)
         self._draft_probs(out[0]).topk(4)
-        elapsed = time.perf_counter() - start
+        end = timer.mark()
+        timer.sync()
         commit_path(cache, COST_CONTEXT, [])
-        return 1e3 * elapsed
+        return 1e3 * timer.seconds(start, end)
 
     def cache_bytes(self) -> int:
         return cache_bytes(self.cache)

@@ -16,7 +16,7 @@ from transformers.generation.streamers import BaseStreamer
 from specbench.decoding import Generation
 from specbench.engines.base import PLAIN, Clock, Engine, EngineContext
 from specbench.errors import SpecbenchError
-from specbench.models.backends import RUN_KEYS
+from specbench.execution.backends import RUN_KEYS
 from specbench.models.distilled_draft import load_distilled_draft
 from specbench.models.early_exit import early_exit
 from specbench.models.loading import LoadedModel, with_dtype

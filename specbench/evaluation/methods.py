@@ -24,7 +24,7 @@ from specbench.drafters.base import Drafter
 from specbench.errors import SpecbenchError
 from specbench.evaluation.engines import HF_GENERATE
 from specbench.evaluation.metrics import BASELINE
-from specbench.models.backends import with_backend
+from specbench.execution.backends import with_backend
 from specbench.models.loading import LoadedModel
 from specbench.models.published.files import content_fingerprint
 from specbench.trees.policy import TreePolicy

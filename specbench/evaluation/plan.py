@@ -25,16 +25,17 @@ from specbench.evaluation.evaluator import EvalSettings, MethodRun
 from specbench.evaluation.engines import build_engines, engine_runs, requested
 from specbench.evaluation.methods import MethodEntry, build_drafter, check_tree, resolve_entries
 from specbench.evaluation.metrics import BASELINE, EAGER_REFERENCE
-from specbench.evaluation.precision import AUTO, ExecutionPlan, check_dtype, parse_execution, plan
+from specbench.evaluation.precision import AUTO, ExecutionPlan, check_dtype, plan
 from specbench.evaluation.provenance import check_and_save_settings, shared_settings
 from specbench.evaluation.provenance import settings_hash as hash_of
 from specbench.hardware.measured.machine_profile import MachineProfile, load_or_measure_profile
 from specbench.hardware.modelled.roofline import roofline_step_time
 from specbench.hardware.modelled.spec import MEASURED, HardwareSpec
-from specbench.models.attention import attention_tag
-from specbench.models.backends import check_backend, check_profile_backends, execution_label, with_backend
-from specbench.models.loading import LoadedModel, with_dtype
-from specbench.models.quantize import FORMATS, check_weights, format_name, with_weights
+from specbench.execution.attention import attention_tag
+from specbench.execution.backends import check_backend, check_profile_backends, with_backend
+from specbench.execution.value import Execution
+from specbench.models.loading import LoadedModel
+from specbench.execution.quantize import FORMATS, check_weights, format_name
 from specbench.models.shape import ModelShape
 from specbench.sampling import SamplingParams
 from specbench.trees.hardware_aware import HardwareAwarePolicy
@@ -82,7 +83,7 @@ def request(cfg, overrides: list[str] | None = None) -> Request:
     profile_backends = check_profile_backends(cfg.eval.profile_backends)
     run_weights(cfg)  # model.weights, model.group_size and eval.profile_weights
     for text in cfg.eval.get("plain_executions") or []:
-        parse_execution(text, cfg.model.get("group_size", 32))
+        Execution.parse(text, cfg.model.get("group_size", 32))
     sampling = SamplingParams(**cfg.sampling)
     if overrides is None and HydraConfig.initialized():
         overrides = list(HydraConfig.get().overrides.task)
@@ -106,8 +107,8 @@ def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Pat
         backends = list(dict.fromkeys([*req.profile_backends, backend])) if cfg.eval.fastest_ar else [backend]
     dtypes = None if cfg.eval.dtype == AUTO or cfg.eval.fastest_ar else [cfg.eval.dtype]
     weights, formats = run_weights(cfg)
-    machine = load_or_measure_profile(loaded, dtypes=dtypes, backends=backends, weights=formats) \
-        if wants_profile else None
+    machine = load_or_measure_profile(loaded, dtypes=dtypes, sizes=profile_sizes(cfg, req.trees), backends=backends,
+                                      weights=formats) if wants_profile else None
     context = cfg.eval.profile_context + cfg.eval.max_new_tokens / 2
     execution = plan(cfg.eval.dtype, backend, machine, float(np.mean([t.budget for t in req.trees])), context,
                      weights, formats)
@@ -116,7 +117,7 @@ def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Pat
         log.info("speedup_any weighs float weights only (eval.profile_weights=[fp]); eval.profile_weights=[fp,int8,int4] "
                  "adds the quantised targets' plain decoding (measured once per machine)")
     # drafters are built on the eager model in the run's dtype and weights (build_drafter says why)
-    cast = with_dtype(with_weights(loaded, execution.weights), execution.dtype)
+    cast = Execution("eager", execution.dtype, execution.weights).apply(loaded)
     target = with_backend(cast, execution.backend)
     latency = latency_curve(hw, machine, target, execution, context) if req.sized else None
     # drafters before settings: building one may make its one-time artifact (SSSD's default datastore), whose
@@ -128,7 +129,7 @@ def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Pat
     fastest = fastest_plain_runs(cfg, execution)  # label -> execution: the headline's references
     per_method |= {label: {**BASELINE_SETTINGS, "dtype": d, "backend": b, "weights": w}
                    for label, (b, d, w) in fastest.items()}
-    also = plain_executions(cfg, execution)  # label -> (backend, dtype, weights): eval.plain_executions
+    also = plain_executions(cfg, execution)  # label -> execution: eval.plain_executions
     per_method |= {label: {**BASELINE_SETTINGS, "dtype": d, "backend": b, "weights": w}
                    for label, (b, d, w) in also.items()}
     eager_ref = cfg.eval.eager_reference and execution.backend != "eager" and EAGER_REFERENCE not in fastest
@@ -136,7 +137,7 @@ def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Pat
         per_method[EAGER_REFERENCE] = {**BASELINE_SETTINGS, "dtype": execution.dtype, "backend": "eager"}
 
     def cast_to(d: str, w: str) -> LoadedModel:
-        return cast if (d, w) == (execution.dtype, execution.weights) else with_dtype(with_weights(loaded, w), d)
+        return cast if (d, w) == (execution.dtype, execution.weights) else Execution("eager", d, w).apply(loaded)
 
     # engines run on the eager model in the fastest plain decoding's dtype and weights
     engines = build_engines(cfg, req.engines, cast_to(fast_d, fast_w), loaded)
@@ -165,6 +166,14 @@ def _drafter(entry: MethodEntry, tree: TreePolicy, cast: LoadedModel, backend: s
     return drafter
 
 
+def profile_sizes(cfg, trees) -> list[int]:
+    """eval.profile_sizes up to the first that holds the run's largest tree (a hardware-aware tree's cap): what its
+    choices read. A later run with larger trees measures the rest (the profile keeps what it has)."""
+    sizes = sorted(cfg.eval.profile_sizes)
+    need = max(t.budget for t in trees)
+    return list(dict.fromkeys([s for s in sizes if s < need] + [next((s for s in sizes if s >= need), sizes[-1])]))
+
+
 def latency_curve(hw: HardwareSpec, machine: MachineProfile | None, target: LoadedModel, execution: ExecutionPlan,
                   context: float) -> Callable[[float], float]:
     """L(n) in ms for a hardware-aware draft: measured here (hw=cpu/cuda read the machine profile) or, for a board
@@ -175,7 +184,7 @@ def latency_curve(hw: HardwareSpec, machine: MachineProfile | None, target: Load
     return lambda n: 1e3 * roofline_step_time(shape, hw, n, context)
 
 
-def fastest_plain_runs(cfg, execution: ExecutionPlan) -> dict[str, tuple[str, str, str]]:
+def fastest_plain_runs(cfg, execution: ExecutionPlan) -> dict[str, Execution]:
     """{autoregressive@<what differs>: execution} for the fastest plain decoding of the run's own weights (the
     headline's reference) and of any weights (beside it), each where it is not the run's own execution."""
     if not (cfg.eval.baseline and cfg.eval.fastest_ar):
@@ -184,14 +193,14 @@ def fastest_plain_runs(cfg, execution: ExecutionPlan) -> dict[str, tuple[str, st
     return {f"{BASELINE}@{execution.label_of(e)}": e for e in dict.fromkeys(found)}
 
 
-def plain_executions(cfg, execution: ExecutionPlan) -> dict[str, tuple[str, str, str]]:
+def plain_executions(cfg, execution: ExecutionPlan) -> dict[str, Execution]:
     """eval.plain_executions as {autoregressive@backend/dtype[/weights]: execution}: plain decodings the run adds
     beside its own and the fastest one (those two are left out here), e.g. to set every execution's tokens/s against
     transformers' generate in one run."""
     group = cfg.model.get("group_size", 32)
     skip = {execution.own, execution.fastest_ar, execution.same_weights_ar}
-    found = [parse_execution(text, group) for text in cfg.eval.get("plain_executions") or []]
-    return {f"{BASELINE}@{execution_label(*e)}": e for e in dict.fromkeys(found) if e not in skip}
+    found = [Execution.parse(text, group) for text in cfg.eval.get("plain_executions") or []]
+    return {f"{BASELINE}@{e.label}": e for e in dict.fromkeys(found) if e not in skip}
 
 
 def run_weights(cfg) -> tuple[str, list[str]]:

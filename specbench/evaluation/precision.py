@@ -18,9 +18,9 @@ from specbench.hardware.measured.machine_profile import (
     choose_execution,
     fastest_plain,
 )
-from specbench.models.backends import AUTO, BACKENDS, check_backend, execution_label
+from specbench.execution.backends import AUTO, check_backend
+from specbench.execution.value import Execution
 from specbench.models.loading import DTYPES
-from specbench.models.quantize import FORMATS, GROUP_SIZES, format_name, split_format
 
 
 @dataclass(frozen=True)
@@ -28,37 +28,22 @@ class ExecutionPlan:
     backend: str  # the run's backend
     dtype: str  # the run's dtype
     reason: str  # why, in one line
-    fastest_ar: tuple[str, str, str]  # (backend, dtype, weights) of the fastest plain decoding here, any weights
-    weights: str = "fp"  # the run's weights: fp, int8 or int4_g<group> (models/quantize.py)
-    fastest_same: tuple[str, str, str] | None = None  # the fastest plain decoding of the run's own weights (None: the
+    fastest_ar: Execution  # the fastest plain decoding here, any weights
+    weights: str = "fp"  # the run's weights: fp, int8 or int4_g<group> (execution/quantize.py)
+    fastest_same: Execution | None = None  # the fastest plain decoding of the run's own weights (None: the
     # run's own execution): the headline's reference, as every paper compares speculation with the same model
 
     @property
-    def own(self) -> tuple[str, str, str]:
-        return self.backend, self.dtype, self.weights
+    def own(self) -> Execution:
+        return Execution(self.backend, self.dtype, self.weights)
 
     @property
-    def same_weights_ar(self) -> tuple[str, str, str]:
+    def same_weights_ar(self) -> Execution:
         return self.fastest_same or self.own
 
-    def label_of(self, execution: tuple[str, str, str]) -> str:
+    def label_of(self, execution: Execution) -> str:
         """How a plain decoding on `execution` is labelled beside the run's own: autoregressive@<what differs>."""
         return "/".join(x for x, own in zip(execution, self.own) if x != own)
-
-
-def parse_execution(text: str, group_size: int = 32) -> tuple[str, str, str]:
-    """(backend, dtype, weights) of an eval.plain_executions entry: backend/dtype or backend/dtype/weights
-    (weights fp, int8, int4 with model.group_size, or int4_g<group>), as machine profiles label executions."""
-    parts = str(text).split("/")
-    ok = len(parts) in (2, 3) and parts[0] in BACKENDS and parts[1] in DTYPES
-    if ok and len(parts) == 3:
-        weights, group = split_format(parts[2], group_size)
-        ok = weights in FORMATS and group in GROUP_SIZES
-    if not ok:
-        raise SpecbenchError(f"eval.plain_executions entry '{text}' is invalid: give backend/dtype[/weights] with a "
-                             f"backend of {', '.join(BACKENDS)}, a dtype of {', '.join(DTYPES)} and weights of "
-                             f"{', '.join(FORMATS)} (int4_g<group> for another group size), e.g. eager/bfloat16/int8")
-    return parts[0], parts[1], format_name(*split_format(parts[2], group_size)) if len(parts) == 3 else "fp"
 
 
 def check_dtype(name: str) -> None:
@@ -73,22 +58,23 @@ def plan(dtype: str, backend: str, profile: MachineProfile | None, tree_size: fl
     fastest plain decoding and weights=auto choose among (None: every one the profile measured)."""
     check_dtype(dtype)
     check_backend(backend)
-    given = f"{execution_label(backend, dtype, weights)}: set by model.backend, eval.dtype and model.weights"
+    given = f"{Execution(backend, dtype, weights).label}: set by model.backend, eval.dtype and model.weights"
     if profile is None:
         if AUTO in (dtype, backend, weights):
             raise SpecbenchError("eval.dtype=auto, model.backend=auto and model.weights=auto need the machine profile")
-        return ExecutionPlan(backend, dtype, given, (backend, dtype, weights), weights)
+        return ExecutionPlan(backend, dtype, given, Execution(backend, dtype, weights), weights)
     fastest = fastest_plain(profile, context, weights=profile_weights)
     if AUTO not in (dtype, backend, weights):
         return ExecutionPlan(backend, dtype, given, fastest, weights, _fastest_same(profile, context, weights))
-    chosen_b, chosen_d, chosen_w, reason = choose_execution(
+    chosen, reason = choose_execution(
         profile, tree_size, context, None if backend == AUTO else [backend], None if dtype == AUTO else [dtype],
         profile_weights if weights == AUTO else [weights], fastest)
-    return ExecutionPlan(chosen_b, chosen_d, reason, fastest, chosen_w, _fastest_same(profile, context, chosen_w))
+    return ExecutionPlan(chosen.backend, chosen.dtype, reason, fastest, chosen.weights,
+                         _fastest_same(profile, context, chosen.weights))
 
 
-def _fastest_same(profile: MachineProfile, context: float, weights: str) -> tuple[str, str, str] | None:
+def _fastest_same(profile: MachineProfile, context: float, weights: str) -> Execution | None:
     """The fastest measured plain decoding of `weights` (any backend and dtype), None when none was measured."""
-    if not any(e[2] == weights for e in profile.executions):
+    if not any(e.weights == weights for e in profile.executions):
         return None
     return fastest_plain(profile, context, weights=[weights])

@@ -23,7 +23,7 @@ from specbench.hardware.measured.profiler import latency_profile
 from specbench.hardware.modelled.llmcad import project_llmcad
 from specbench.hardware.modelled.roofline import roofline_step_time
 from specbench.hardware.modelled.spec import HardwareSpec
-from specbench.models.backends import execution_label
+from specbench.execution.value import Execution
 from specbench.models.shape import ModelShape
 from specbench.reporting.loggers import log_run
 from specbench.reporting.plots import save_plots
@@ -60,7 +60,7 @@ def print_table(summary: pd.DataFrame) -> None:
     with pd.option_context("display.width", 250, "display.max_columns", 20, "display.max_colwidth", 40):
         print(pd.DataFrame({
             "method": summary["method"],
-            "execution": [execution_label(b, d, w) for b, d, w in zip(summary["backend"], summary["dtype"], weights)],
+            "execution": [Execution(b, d, w).label for b, d, w in zip(summary["backend"], summary["dtype"], weights)],
             "tau": summary["tau"].map("{:.2f}".format),
             "tok/s": summary["tokens_per_s"].map("{:.1f}".format),
             "speedup [95% CI]": [_with_ci(*v) for v in
@@ -145,7 +145,7 @@ def _latency_profile(cfg, plan: Plan, hw: HardwareSpec, out: Path) -> pd.DataFra
     if path.exists():
         return pd.read_csv(path)
     execution, machine, target = plan.execution, plan.machine, plan.target
-    if machine is not None and (execution.backend, execution.dtype, execution.weights) in machine.executions:
+    if machine is not None and execution.own in machine.executions:
         profile = machine.curve(execution.dtype, plan.context, execution.backend, execution.weights)
     else:
         profile = latency_profile(target.model, sizes=tuple(cfg.eval.profile_sizes),

@@ -32,9 +32,9 @@ class LoadedModel:
     tokenizer: object  # a transformers tokenizer
     source: str  # where the weights came from
     chat_template: bool = True  # wrap prompts in the tokenizer's chat template (instruct models)
-    backend: str = "eager"  # how forwards run (models/backends.py); with_dtype and drafters see the same model
-    weights: str = "fp"  # fp (as loaded), int8 or int4_g<group> (models/quantize.py): a quantised target is its own
-    attention: str = "sdpa"  # sdpa, eager or auto: SDPA up to a measured context, eager from it (models/attention.py)
+    backend: str = "eager"  # how forwards run (execution/backends.py); with_dtype and drafters see the same model
+    weights: str = "fp"  # fp (as loaded), int8 or int4_g<group> (execution/quantize.py): a quantised target is its own
+    attention: str = "sdpa"  # sdpa, eager or auto: SDPA up to a measured context, eager from it (execution/attention.py)
 
     @property
     def eos_token_ids(self) -> list[int]:
@@ -177,7 +177,7 @@ def read_config(name: str, path: str):
 def load_model(name: str, path: str, dtype: str = "bfloat16", device: str = "cpu", use_cache: bool = True,
                trust_remote_code: bool = False, chat_template: bool | str = True) -> LoadedModel:
     """Load the model behind `path` (see resolve_path), converting GGUF files once into a safetensors cache. It runs
-    on transformers' eager forward: a task applies the run's execution backend (models/backends.py) afterwards."""
+    on transformers' eager forward: a task applies the run's execution backend (execution/backends.py) afterwards."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     resolved = resolve_path(path)

@@ -11,11 +11,11 @@ from dataclasses import dataclass
 
 from specbench.errors import SpecbenchError
 
-BYTES_PER = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.0, "int4": 0.5}
+BYTES_PER = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.0, "w8a8": 1.0, "int4": 0.5}
 
 
 def bytes_per(dtype: str) -> float:
-    """Bytes per parameter of a dtype name (int4: half a byte). int4_g<N>, the grouped int4 of models/quantize.py,
+    """Bytes per parameter of a dtype name (int4: half a byte). int4_g<N>, the grouped int4 of execution/quantize.py,
     adds its 16-bit scale and zero per group of N; int8's one scale per output channel (2 / in_features bytes per
     parameter, under 0.4% for SmolLM2's) is left out."""
     check_dtype(dtype, "dtype")
@@ -60,7 +60,7 @@ class ModelShape:
         text = model.config.get_text_config()
         heads = text.num_attention_heads
         names = {"torch.float32": "float32", "torch.bfloat16": "bfloat16", "torch.float16": "float16"}
-        formats = {m.weight_format for m in model.modules() if hasattr(m, "weight_format")}  # models/quantize.py
+        formats = {m.weight_format for m in model.modules() if hasattr(m, "weight_format")}  # execution/quantize.py
         return cls(params=sum(p.numel() for p in model.parameters()), layers=text.num_hidden_layers,
                    hidden=text.hidden_size, heads=heads, kv_heads=getattr(text, "num_key_value_heads", heads),
                    head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,

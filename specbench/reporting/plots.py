@@ -24,7 +24,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from specbench.drafters.autoregressive import AutoregressiveDrafter  # noqa: E402
-from specbench.models.backends import execution_label  # noqa: E402
+from specbench.execution.value import Execution  # noqa: E402
 
 BASELINE = AutoregressiveDrafter.name
 # 12 colours told apart in print (tab10 but its grey, which marks plain decoding, and three more), each paired
@@ -380,7 +380,7 @@ def _fastest(table: pd.DataFrame, column: str = "fastest_ar") -> str:
     if len(names) == 1 and {"backend", "dtype"} <= set(table) and (table["method"] == names[0]).any():
         row = table[table["method"] == names[0]].iloc[0]  # name its execution: which plain decoding was fastest
         weights = row.get("weights")  # a quantised target is an execution of its own: name its weights
-        return f"{names[0]}, " + execution_label(row["backend"], row["dtype"], "fp" if pd.isna(weights) else weights)
+        return f"{names[0]}, " + Execution(row["backend"], row["dtype"], "fp" if pd.isna(weights) else weights).label
     return ", ".join(map(str, names)) or BASELINE
 
 

@@ -14,8 +14,8 @@ from specbench.evaluation.precision import AUTO
 from specbench.hardware.measured import with_measurements
 from specbench.hardware.measured.attention import eager_windows
 from specbench.hardware.modelled.spec import HardwareSpec
-from specbench.models.attention import with_attention
-from specbench.models.backends import RUN_KEYS
+from specbench.execution.attention import with_attention
+from specbench.execution.backends import RUN_KEYS
 from specbench.models.loading import LoadedModel
 
 
@@ -39,7 +39,7 @@ def build_hw(cfg) -> HardwareSpec:
 
 def build_model(model_cfg, **kwargs) -> LoadedModel:
     """The model a `model` config names, on transformers' eager forward: its RUN_KEYS (backend) are run settings a
-    task applies once the machine profile has chosen (models/backends.py), not arguments of the loaders."""
+    task applies once the machine profile has chosen (execution/backends.py), not arguments of the loaders."""
     return build(OmegaConf.masked_copy(model_cfg, [k for k in model_cfg if k not in RUN_KEYS]), **kwargs)
 
 

@@ -22,9 +22,10 @@ from specbench.hardware.measured.machine_profile import (
 )
 from specbench.hardware.measured.profiler import latency_profile, weight_streaming
 from specbench.hardware.modelled.plots import profile_vs_roofline
-from specbench.models.backends import AUTO, check_backend, check_profile_backends, execution_label, with_backend
+from specbench.execution.backends import AUTO, check_backend, check_profile_backends, with_backend
+from specbench.execution.value import Execution
 from specbench.models.loading import LoadedModel, with_dtype
-from specbench.models.quantize import agreement, with_weights
+from specbench.execution.quantize import agreement, with_weights
 from specbench.models.shape import ModelShape
 from specbench.tasks._common import run_dir, setup_target
 
@@ -76,7 +77,7 @@ def run(cfg) -> pd.DataFrame:
         float_format=lambda v: f"{v:.1f}"))
     for n in (1, 8, 32):
         print(f"choose_execution(tree_size={n}): "
-              f"{choose_execution(profile, n, contexts[0], backends, dtypes, formats)[3]}")
+              f"{choose_execution(profile, n, contexts[0], backends, dtypes, formats)[1]}")
     fusion = fusion_gain(target, profile, formats, contexts[0], cfg.eval.profile_repeats)
     if len(fusion):
         fusion.to_csv(out / "fusion.csv", index=False)
@@ -112,24 +113,24 @@ def quantised_fidelity(target: LoadedModel, profile, formats: list[str], context
                  else target.tokenizer("\n\n".join(m["content"] for m in c))["input_ids"][:max_tokens] for c in chats]
     rows = []
     for fmt in formats:
-        measured = [e for e in profile.executions if e[2] == fmt]
+        measured = [e for e in profile.executions if e.weights == fmt]
         if not measured:
             continue
-        backend, dtype, _ = fastest_plain(profile, context, weights=[fmt])
-        model = with_dtype(with_weights(target, fmt), dtype).model
-        rows.append({"weights": fmt, "dtype": dtype, "fastest_plain": execution_label(backend, dtype, fmt),
+        fastest = fastest_plain(profile, context, weights=[fmt])
+        model = Execution("eager", fastest.dtype, fmt).apply(target).model
+        rows.append({"weights": fmt, "dtype": fastest.dtype, "fastest_plain": fastest.label,
                      **agreement(target.model, model, sequences)})
     return pd.DataFrame(rows)
 
 
 def fusion_gain(target: LoadedModel, profile, formats: list[str], context: int, repeats: int,
                 sizes=(1, 8)) -> pd.DataFrame:
-    """L(n) with q/k/v and gate/up apart and fused (models/linears.py), side by side in this process, for each format
+    """L(n) with q/k/v and gate/up apart and fused (execution/linears.py), side by side in this process, for each format
     on the backend and dtype of its fastest plain decoding here (fused layers need a backend that swaps linears:
     prepacked or a quantised format; eager float is transformers as it is)."""
     rows = []
     for fmt in formats:
-        if not any(e[2] == fmt for e in profile.executions):
+        if not any(e.weights == fmt for e in profile.executions):
             continue
         backend, dtype, _ = fastest_plain(profile, context, weights=[fmt])
         if fmt == "fp" and backend != "prepacked":
@@ -140,6 +141,6 @@ def fusion_gain(target: LoadedModel, profile, formats: list[str], context: int, 
             model = with_backend(cast, backend, fuse=fuse).model
             ms[fuse] = latency_profile(model, list(sizes), context, repeats, statistic="min")["ms"].tolist()
         for i, n in enumerate(sizes):
-            rows.append({"execution": execution_label(backend, dtype, fmt), "tokens": n, "apart_ms": ms[False][i],
+            rows.append({"execution": Execution(backend, dtype, fmt).label, "tokens": n, "apart_ms": ms[False][i],
                          "fused_ms": ms[True][i], "saved_ms": ms[False][i] - ms[True][i]})
     return pd.DataFrame(rows)

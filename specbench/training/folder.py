@@ -19,7 +19,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from specbench.errors import SpecbenchError
-from specbench.models.backends import RUN_KEYS
+from specbench.execution.backends import RUN_KEYS
 from specbench.reporting.settings import SETTINGS_FILE, read_settings_file, settings_diff, shown
 from specbench.reporting.store import write_atomic
 

@@ -1,5 +1,5 @@
 """Where transformers' eager attention is faster than SDPA on this machine, per dtype: windows of key counts
-(models/attention.py says why a run switches). About ten seconds: one query row, plain decoding's shape, against 64
+(execution/attention.py says why a run switches). About ten seconds: one query row, plain decoding's shape, against 64
 to 4,096 keys, for the model's own heads; cached per machine fingerprint and attention shape beside the machine
 profiles, so every run on this machine switches at the same key counts (a bf16 token can depend on the kernel)."""
 
@@ -14,8 +14,8 @@ from specbench.errors import SpecbenchError
 from specbench.hardware.measured.machine import fingerprint, machine_info
 from specbench.hardware.measured.machine_profile import (_best_seconds, _read_cached, code_digest, default_dtypes,
                                                          measuring_alone, profile_dir, stamp, write_atomic)
-from specbench.models import attention as model_attention
-from specbench.models.attention import Windows, eager_forward
+from specbench.execution import attention as model_attention
+from specbench.execution.attention import Windows, eager_forward
 from specbench.models.loading import torch_dtype
 
 # dense enough to find where the kernels cross: on a Zen 4 bf16 eager won from about 384 keys and lost from 1,792

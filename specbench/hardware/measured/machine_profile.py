@@ -1,6 +1,6 @@
 """The measured profile of the machine at hand: peaks per dtype and L(n, context) of the target per execution:
-a backend (models/backends.py), the activations' dtype and the weights' format (fp, int8, int4_g<group>:
-models/quantize.py).
+a backend (execution/backends.py), the activations' dtype and the weights' format (fp, int8, int4_g<group>:
+execution/quantize.py).
 
 Measured once per machine fingerprint (machine.py), model and version of the code that runs and times the forwards
 (`code_digest`), cached as JSON under the specbench cache, and read
@@ -33,12 +33,13 @@ from specbench.hardware.measured.machine import fingerprint, machine_info
 from specbench.hardware.measured.profiler import latency_profile
 from specbench.hardware.modelled.roofline import roofline_step_time
 from specbench.hardware.modelled.spec import HardwareSpec
-from specbench.models import attention, backends, linears, quantize
-from specbench.models.attention import attention_tag
-from specbench.models.backends import BACKENDS, execution_label, supported, with_backend
+from specbench.execution import attention, backends, linears, quantize
+from specbench.execution.attention import attention_tag
+from specbench.execution.backends import BACKENDS, supported, with_backend
+from specbench.execution.value import Execution
 from specbench.models.loading import LoadedModel, cache_dir, cache_root, torch_dtype, with_dtype
-from specbench.models.quantize import Int4Linear, Int8Linear, with_weights
-from specbench.models.quantize import supported as weights_supported
+from specbench.execution.quantize import Int4Linear, Int8Linear, W8A8Linear, with_weights
+from specbench.execution.quantize import supported as weights_supported
 from specbench.models.shape import ModelShape
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
@@ -100,12 +101,13 @@ def measure_peaks(device: torch.device | str, dtypes=None, matmul_size: int | No
 
 
 def _quantised_peaks(size: int, device: torch.device, sync, budget_s: float) -> dict:
-    """TFLOP/s of a 64-row product with int8 and int4 weights, in bfloat16 activations (the dtype their kernels
+    """TFLOP/s of a 64-row product with int8, int4 and w8a8 weights, in bfloat16 activations (the dtype their kernels
     vectorise: float32 activations ran 5-25x slower on an AVX-512 Zen 4, which task=profile's table shows)."""
     linear = torch.nn.Linear(size, size, bias=False, device=device)
     rows = torch.randn(64, size, device=device, dtype=torch.bfloat16)
     peaks = {}
-    for name, layer in (("int8", Int8Linear(linear)), ("int4", Int4Linear(linear, 32))):
+    layers = {"int8": Int8Linear(linear), "int4": Int4Linear(linear, 32), "w8a8": W8A8Linear(linear)}
+    for name, layer in layers.items():
         layer = layer.to(torch.bfloat16)
         peaks[name] = 2 * 64 * size**2 / _best_seconds(lambda: layer(rows), sync, budget_s) / 1e12  # noqa: B023
     return peaks
@@ -264,14 +266,14 @@ class MachineProfile:
             name = numbers.columns[col]
             value = r[name].item() if isinstance(r[name], np.generic) else r[name]  # repr 'nan', not 'np.float64(nan)'
             raise SpecbenchError(f"the machine profile holds {name}={value!r} "
-                                 f"({execution_label(r['backend'], r['dtype'], r['weights'])}, "
+                                 f"({Execution(r['backend'], r['dtype'], r['weights']).label}, "
                                  f"n={r['tokens']}, context {r['context']}): latencies, sizes and contexts must be "
                                  f"finite positive numbers")
         self.latency[["tokens", "context", "ms"]] = numbers
         for execution, rows in self.latency.groupby(["backend", "dtype", "weights"], sort=False):
             if len(set(zip(rows["tokens"], rows["context"]))) != rows["tokens"].nunique() * rows["context"].nunique():
                 raise SpecbenchError(f"the machine profile lacks some (n, context) pairs of "
-                                     f"{execution_label(*execution)}: each execution needs every measured size at "
+                                     f"{Execution(*execution).label}: each execution needs every measured size at "
                                      f"every measured context")
 
     @property
@@ -279,9 +281,10 @@ class MachineProfile:
         return list(dict.fromkeys(self.latency["dtype"]))
 
     @property
-    def executions(self) -> list[tuple[str, str, str]]:
-        """(backend, dtype, weights) measured, in measuring order."""
-        return list(dict.fromkeys(zip(self.latency["backend"], self.latency["dtype"], self.latency["weights"])))
+    def executions(self) -> list[Execution]:
+        """The executions measured, in measuring order."""
+        return [Execution(*e) for e in
+                dict.fromkeys(zip(self.latency["backend"], self.latency["dtype"], self.latency["weights"]))]
 
     def latency_ms(self, dtype: str, n: float, context: float, backend: str = "eager", weights: str = "fp") -> float:
         """L(n, context) in ms: bilinear between measured points, the smallest measured value below the range, and
@@ -302,8 +305,8 @@ class MachineProfile:
             rows = self.latency[(self.latency["dtype"] == dtype) & (self.latency["backend"] == backend)
                                 & (self.latency["weights"] == weights)]
             if rows.empty:
-                have = ", ".join(execution_label(*e) for e in self.executions)
-                raise SpecbenchError(f"the machine profile has no execution '{execution_label(backend, dtype, weights)}'"
+                have = ", ".join(e.label for e in self.executions)
+                raise SpecbenchError(f"the machine profile has no execution '{Execution(backend, dtype, weights).label}'"
                                      f"; it has: {have}")
             table = rows.pivot_table(index="tokens", columns="context", values="ms", aggfunc="min")
             ms = np.maximum.accumulate(np.maximum.accumulate(table.to_numpy(float), axis=0), axis=1)
@@ -322,7 +325,7 @@ class MachineProfile:
         have = set(zip(self.latency["backend"], self.latency["dtype"], self.latency["weights"],
                        self.latency["context"], self.latency["tokens"]))
         skipped = set(self.machine.get("unsupported", {}))  # executions this machine cannot run
-        return all((b, d, w, c, n) in have or execution_label(b, d, w) in skipped
+        return all((b, d, w, c, n) in have or Execution(b, d, w).label in skipped
                    for b in backends for d in dtypes for w in weights for c in contexts for n in sizes)
 
     def to_json(self) -> str:
@@ -421,7 +424,7 @@ def _measure_profile(target: LoadedModel, path: Path, dtypes, sizes, contexts, r
             if cached is None or not cached.covers([name], sizes, contexts, [backend], [fmt])]
     kept = len(cached.executions) if cached is not None else 0
     print(f"measuring this machine's profile of {target.name} once ({len(todo)} execution(s): "
-          f"{', '.join(execution_label(b, d, w) for w, d, b in todo)}; minutes{f'; {kept} cached' if kept else ''}), "
+          f"{', '.join(Execution(b, d, w).label for w, d, b in todo)}; minutes{f'; {kept} cached' if kept else ''}), "
           f"cached at {path}")
     load_before = os.getloadavg()[0]
     peaks = cached.peaks if cached is not None else measure_peaks(device)
@@ -431,7 +434,7 @@ def _measure_profile(target: LoadedModel, path: Path, dtypes, sizes, contexts, r
         for name in dict.fromkeys(d for w, d, _ in todo if w == fmt):
             cast = None if reason else with_dtype(quantised, name)
             for backend in [b for w, d, b in todo if (w, d) == (fmt, name)]:
-                label = execution_label(backend, name, fmt)
+                label = Execution(backend, name, fmt).label
                 unsupported.pop(label, None)
                 why = reason or supported(backend, torch_dtype(name), device) or weights_supported(fmt, device, backend)
                 if why:
@@ -498,34 +501,34 @@ def busy(machine: dict) -> bool:
 
 
 def choose_execution(profile: MachineProfile, tree_size: float, context: float, backends=None, dtypes=None,
-                     weights=None, plain: tuple[str, str, str] | None = None) -> tuple[str, str, str, str]:
-    """(backend, dtype, weights, reason): the measured execution with the cheapest verify forward L(tree_size) among
+                     weights=None, plain: Execution | None = None) -> tuple[Execution, str]:
+    """(execution, reason): the measured execution with the cheapest verify forward L(tree_size) among
     the allowed ones, and a one-line reason naming the fastest plain decoding L(1) on the machine (`plain`, default
     fastest_plain's): a method must beat that, whatever its backend, dtype and weights."""
-    allowed = [(b, d, w) for b, d, w in profile.executions
-               if (backends is None or b in backends) and (dtypes is None or d in dtypes)
-               and (weights is None or w in weights)]
+    allowed = [e for e in profile.executions
+               if (backends is None or e.backend in backends) and (dtypes is None or e.dtype in dtypes)
+               and (weights is None or e.weights in weights)]
     if not allowed:
-        have = ", ".join(execution_label(*e) for e in profile.executions)
+        have = ", ".join(e.label for e in profile.executions)
         raise SpecbenchError(f"the machine profile has no measurement for backend {backends}, dtype {dtypes} and "
                              f"weights {weights}; it has: {have}")
-    verify = {e: profile.latency_ms(e[1], tree_size, context, e[0], e[2]) for e in allowed}
+    verify = {e: profile.latency_ms(e.dtype, tree_size, context, e.backend, e.weights) for e in allowed}
     best = min(verify, key=verify.get)
     plain = plain or fastest_plain(profile, context)
-    others = ", ".join(f"{execution_label(*e)} {ms:.1f} ms" for e, ms in verify.items() if e != best)
-    reason = (f"{execution_label(*best)}: L({tree_size:g}) at context {context:g} is {verify[best]:.1f} ms"
-              + (f" (vs {others})" if others else "") + f"; fastest plain decoding is {execution_label(*plain)} at "
-              f"L(1) = {profile.latency_ms(plain[1], 1, context, plain[0], plain[2]):.1f} ms")
-    return *best, reason
+    others = ", ".join(f"{e.label} {ms:.1f} ms" for e, ms in verify.items() if e != best)
+    reason = (f"{best.label}: L({tree_size:g}) at context {context:g} is {verify[best]:.1f} ms"
+              + (f" (vs {others})" if others else "") + f"; fastest plain decoding is {plain.label} at "
+              f"L(1) = {profile.latency_ms(plain.dtype, 1, context, plain.backend, plain.weights):.1f} ms")
+    return best, reason
 
 
-def fastest_plain(profile: MachineProfile, context: float, weights=None) -> tuple[str, str, str]:
-    """(backend, dtype, weights) of the cheapest one-token forward among the measured ones (with weights in
+def fastest_plain(profile: MachineProfile, context: float, weights=None) -> Execution:
+    """The execution of the cheapest one-token forward among the measured ones (with weights in
     `weights`, None: any): the plain decoding every speedup is judged against, a quantised target's included: it
     is the fastest plain decoding this machine offers."""
-    allowed = [e for e in profile.executions if weights is None or e[2] in weights] \
+    allowed = [e for e in profile.executions if weights is None or e.weights in weights] \
         or profile.executions  # none of `weights` could run here (unsupported): any measured one
-    return min(allowed, key=lambda e: profile.latency_ms(e[1], 1, context, e[0], e[2]))
+    return min(allowed, key=lambda e: profile.latency_ms(e.dtype, 1, context, e.backend, e.weights))
 
 
 def as_spec(profile: MachineProfile, base: HardwareSpec) -> HardwareSpec:

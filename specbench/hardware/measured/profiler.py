@@ -16,9 +16,9 @@ from transformers import DynamicCache
 
 from specbench.hardware.modelled.roofline import roofline_step_time
 from specbench.hardware.modelled.spec import HardwareSpec
-from specbench.models.backends import PackedLinear, supported
-from specbench.models.quantize import quantised_linear
-from specbench.models.quantize import supported as weights_supported
+from specbench.execution.backends import PackedLinear, supported
+from specbench.execution.quantize import quantised_linear
+from specbench.execution.quantize import supported as weights_supported
 from specbench.models.shape import ModelShape, bytes_per
 from specbench.trees.token_tree import TokenTree
 from specbench.verification import verify_tree

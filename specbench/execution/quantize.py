@@ -4,15 +4,17 @@
 channel, run by aten's `_weight_int8pack_mm`; `int4` stores 4-bit codes with a scale and a zero point per group of
 `model.group_size` input channels (asymmetric min-max, the layout of torchao's CPU int4 and gpt-fast), run by
 `_weight_int4pack_mm_for_cpu`. Both are aten CPU kernels shipped with torch, so no extra package is needed; they take
-float32, bfloat16 or float16 activations (the activations' dtype is the run's `dtype`).
+float32, bfloat16 or float16 activations (the activations' dtype is the run's `dtype`). `w8a8` quantises the
+activations too, each row on its own at run time, and multiplies int8 by int8 into exact int32 sums (`torch._int_mm`,
+VNNI where the CPU has it): W8A8Linear says why that is row-invariant by construction.
 
-Both kernels compute each row of the input on its own (tests/test_quantized.py checks row 0 of many-row products
+The kernels compute each row of the input on its own (tests/test_quantized.py checks row 0 of many-row products
 against the one-row product, bitwise, at every size a tree can have), so a tree verify of the quantised target gives
 exactly the logits its one-token forwards give: speculative decoding of the quantised target is lossless against that
 target's own plain decoding. The quantised model is a target of its own, not the float one: `agreement` measures how
 often its greedy token matches the float model's on held-out text.
 
-Projections that read one input are fused first (models/linears.py), then quantised: per-output-channel and per-row
+Projections that read one input are fused first (execution/linears.py), then quantised: per-output-channel and per-row
 groups quantise a concatenated weight exactly as its parts, so fusing changes no code and no output.
 """
 
@@ -25,10 +27,10 @@ import torch
 from torch import nn
 
 from specbench.errors import SpecbenchError
-from specbench.models.linears import fuse_projections, replace_linears
+from specbench.execution.linears import fuse_projections, replace_linears
 from specbench.models.loading import LoadedModel
 
-FORMATS = ("fp", "int8", "int4")  # fp: the weights as loaded (float32 or the run's dtype)
+FORMATS = ("fp", "int8", "int4", "w8a8")  # fp: the weights as loaded (float32 or the run's dtype)
 AUTO = "auto"  # model.weights=auto: the machine profile picks the format with the cheapest verify forward
 GROUP_SIZES = (32, 64, 128, 256)  # what _weight_int4pack_mm_for_cpu accepts
 INT4_ROWS = 16  # _convert_weight_to_int4pack_for_cpu packs output channels in blocks of 16
@@ -62,7 +64,7 @@ def supported(weights: str, device: torch.device, backend: str = "eager") -> str
     if weights == "fp":
         return None
     if torch.device(device).type != "cpu":
-        return f"{weights} weights run aten's CPU kernels (_weight_int8pack_mm, _weight_int4pack_mm_for_cpu)"
+        return f"{weights} weights run aten's CPU kernels (_weight_int8pack_mm, _weight_int4pack_mm_for_cpu, _int_mm)"
     if backend == "prepacked":
         return f"{weights} weights leave no float linear to pack: eager runs the same kernels"
     return None
@@ -124,9 +126,41 @@ class Int4Linear(nn.Module):
         return out if self.bias is None else out + self.bias
 
 
+class W8A8Linear(nn.Module):
+    """y = (qx qw^T) sx sw + b: qw and sw as Int8Linear's; each row of x quantised when it arrives (symmetric, its own
+    max |x| -> 127, sx one scale per row); the int8 product summed exactly in int32 by torch._int_mm.
+
+    Row-invariant by construction, whatever the kernel's blocking: a row's codes and scale depend on that row alone
+    (a max is exact in any order), an integer sum has no rounding order, and the float epilogue is elementwise. So a
+    tree verify gives bitwise the logits of one-token forwards, where a float GEMM's blocking can change with the
+    number of rows. The price is activation rounding: `agreement` measures it against the float model."""
+
+    weight_format = "w8a8"  # what the roofline prices (models/shape.py)
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.weight, self.bias = linear.weight, linear.bias
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        w = linear.weight.detach().float()
+        scales = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
+        codes = (w / scales[:, None]).round().clamp(-127, 127).to(torch.int8)
+        self.register_buffer("qweight_t", codes.t().contiguous(), persistent=False)  # [in, out]: _int_mm's B
+        self.register_buffer("scales", scales, persistent=False)  # cast with the model; the epilogue runs in float32
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, self.in_features).float()
+        row_scales = rows.abs().amax(dim=1, keepdim=True).clamp(min=torch.finfo(torch.float32).tiny) / 127
+        codes = (rows / row_scales).round().clamp(-127, 127).to(torch.int8)
+        out = torch._int_mm(codes, self.qweight_t).float() * row_scales * self.scales.float()
+        out = out.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+        return out if self.bias is None else out + self.bias
+
+
 def quantised_linear(linear: nn.Linear, weights: str, group_size: int = 32) -> nn.Module:
-    """`linear` in `weights` (int8, int4 with group_size, or a format name such as int4_g64)."""
+    """`linear` in `weights` (int8, int4 with group_size, w8a8, or a format name such as int4_g64)."""
     weights, group_size = split_format(weights, group_size)
+    if weights == "w8a8":
+        return W8A8Linear(linear)
     return Int8Linear(linear) if weights == "int8" else Int4Linear(linear, group_size)
 
 
@@ -134,7 +168,7 @@ def with_weights(target: LoadedModel, weights: str, group_size: int = 32, fuse: 
     """`target` with its linears (the LM head too) in `weights` (fp, int8, int4 with group_size, or a format name
     such as int4_g64), on a shallow view (the original keeps its float layers; embeddings, norms and the float weights
     stay shared), quantised from the weights as they are: load in float32, quantise, then cast, so the codes do not
-    depend on the run's dtype. fp returns target itself. fuse: q/k/v and gate/up fused first (models/linears.py);
+    depend on the run's dtype. fp returns target itself. fuse: q/k/v and gate/up fused first (execution/linears.py);
     False keeps them apart, which tests compare against."""
     weights, group_size = split_format(weights, group_size)
     check_weights(weights, group_size)

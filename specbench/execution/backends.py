@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from specbench.errors import SpecbenchError
-from specbench.models.linears import fuse_projections, replace_linears
+from specbench.execution.linears import fuse_projections, replace_linears
 from specbench.models.loading import LoadedModel
 
 BACKENDS = ("eager", "prepacked", "compile")
@@ -45,11 +45,6 @@ def check_profile_backends(names) -> list[str]:
     if not names or bad:
         raise SpecbenchError(f"eval.profile_backends={names} is invalid: give one or more of {', '.join(BACKENDS)}")
     return names
-
-
-def execution_label(backend: str, dtype: str, weights: str = "fp") -> str:
-    """backend/dtype, and /weights after them for a quantised target: how profiles and notices name an execution."""
-    return f"{backend}/{dtype}" + ("" if weights == "fp" else f"/{weights}")
 
 
 def supported(backend: str, dtype: torch.dtype, device: torch.device) -> str | None:
@@ -117,7 +112,7 @@ def with_backend(target: LoadedModel, backend: str, fuse: bool = True) -> Loaded
 
 
 def _prepacked(model: nn.Module, fuse: bool = True) -> nn.Module:
-    """Projections that share an input fused (one packed GEMM each, models/linears.py; fuse=False keeps them apart,
+    """Projections that share an input fused (one packed GEMM each, execution/linears.py; fuse=False keeps them apart,
     which task=profile times against), then every linear packed, on views down every path to a linear (the leaves
     and other modules stay shared)."""
     return replace_linears(fuse_projections(model) if fuse else model, PackedLinear)

@@ -1,0 +1,45 @@
+"""The Execution value: what a target runs as -- backend, activation dtype, weight format -- and its one label.
+
+Every log line, record column, machine-profile key and plot names an execution by the same label,
+backend/dtype with /weights after them for a quantised target (eager/bfloat16, prepacked/float32/int4_g32). It is a
+tuple, so the profile's (backend, dtype, weights) keys and a run's record columns compare with it unchanged. The
+attention kernel is not part of it: execution/attention.py chooses SDPA or eager attention by context length for any
+execution, and a profile is keyed by that choice apart.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from specbench.errors import SpecbenchError
+from specbench.execution.backends import BACKENDS, with_backend
+from specbench.execution.quantize import FORMATS, GROUP_SIZES, format_name, split_format, with_weights
+from specbench.models.loading import DTYPES, LoadedModel, with_dtype
+
+
+class Execution(NamedTuple):
+    backend: str  # execution/backends.py: eager, prepacked, compile
+    dtype: str  # float32, bfloat16, float16
+    weights: str = "fp"  # execution/quantize.py: fp, int8, int4_g<group>, w8a8
+
+    @property
+    def label(self) -> str:
+        return f"{self.backend}/{self.dtype}" + ("" if self.weights == "fp" else f"/{self.weights}")
+
+    @classmethod
+    def parse(cls, text: str, group_size: int = 32, key: str = "eval.plain_executions entry") -> Execution:
+        """backend/dtype or backend/dtype/weights (weights fp, int8, int4 with model.group_size, or int4_g<group>)."""
+        parts = str(text).split("/")
+        ok = len(parts) in (2, 3) and parts[0] in BACKENDS and parts[1] in DTYPES
+        if ok and len(parts) == 3:
+            weights, group = split_format(parts[2], group_size)
+            ok = weights in FORMATS and group in GROUP_SIZES
+        if not ok:
+            raise SpecbenchError(f"{key} '{text}' is invalid: give backend/dtype[/weights] with a backend of "
+                                 f"{', '.join(BACKENDS)}, a dtype of {', '.join(DTYPES)} and weights of "
+                                 f"{', '.join(FORMATS)} (int4_g<group> for another group size), e.g. eager/bfloat16/int8")
+        return cls(parts[0], parts[1], format_name(*split_format(parts[2], group_size)) if len(parts) == 3 else "fp")
+
+    def apply(self, target: LoadedModel) -> LoadedModel:
+        """`target` (loaded eager, any dtype) quantised to these weights, cast to this dtype, on this backend."""
+        return with_backend(with_dtype(with_weights(target, self.weights), self.dtype), self.backend)
