@@ -120,6 +120,14 @@ class TrainDataSchema:
 
 
 @dataclass
+class ExportSchema:  # task=export's options
+    out: Optional[str] = setting()
+    verifier: Optional[str] = setting()
+    dtype: str = setting(choices=["bfloat16", "float16", "float32"])
+    speculative_tokens: int = setting(low=1)
+
+
+@dataclass
 class CalibrationSchema:  # task=calibrate's +calibration.* options
     depth: int = setting(low=1)
     ranks: int = setting(low=1)
@@ -153,7 +161,8 @@ def _validate(cfg: DictConfig) -> None:
     check_quality(OmegaConf.select(cfg, "eval.quality"), OmegaConf.select(cfg, "dataset.source"))
     check_schema("sampling", _resolved(cfg, "sampling"), SamplingParams)
     SamplingParams(**_resolved(cfg, "sampling"))  # its ranges: temperature >= 0 and finite, top_p in (0, 1]
-    for group, schema in (("datastore", DatastoreSchema), ("calibration", CalibrationSchema)):
+    for group, schema in (("datastore", DatastoreSchema), ("calibration", CalibrationSchema),
+                          ("export", ExportSchema)):
         if cfg.get(group) is not None:
             check_schema(group, _resolved(cfg, group), schema)
     if OmegaConf.select(cfg, "method.train") is not None:

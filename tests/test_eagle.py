@@ -207,11 +207,12 @@ def test_draft_cache_holds_the_committed_rows_after_many_rollbacks(target, artif
         torch.testing.assert_close(ours.values, ref.values, atol=1e-5, rtol=1e-5)
 
 
-def test_training_time_test_unrolls_as_decoding_drafts():
+@pytest.mark.parametrize("head", ["fc_first", "eagle3"])
+def test_training_time_test_unrolls_as_decoding_drafts(head):
     """Step j at row t is the depth-(j+1) draft after the chain start t - j: the prompt x_0..x_{t-j} with the target's
-    features, the root x_{t-j+1}, then x_{t-j+2}..x_{t+1} on the drafter's own features."""
+    features, the root x_{t-j+1}, then x_{t-j+2}..x_{t+1} on the drafter's own features (for either head)."""
     target = lively_tiny(seed=3)
-    module = EagleModule(target.model, ttt_steps=3).eval()
+    module = EagleModule(target.model, ttt_steps=3, head=head).eval()
     ids = decode(target, AutoregressiveDrafter(), PROMPTS[1], n=12).tokens
     seq = PROMPTS[1] + ids
     ones = torch.ones(1, len(seq), dtype=torch.bool)
@@ -337,7 +338,10 @@ def test_eagle_composes_with_every_tree_it_accepts(tree, tmp_path):
 
 @pytest.mark.parametrize(("kwargs", "message"), [({"draft_vocab": 10**6}, "method.draft_vocab=1000000 is invalid"),
                                                  ({"features": "middle"}, "method.features='middle' is invalid"),
-                                                 ({"ttt_steps": 0}, "ttt_steps=0 is invalid")])
+                                                 ({"ttt_steps": 0}, "ttt_steps=0 is invalid"),
+                                                 ({"head": "eagle3", "features": "last"}, "method.head='eagle3' is "
+                                                  "invalid with method.features giving layers \\[-1\\]"),
+                                                 ({"head": "eagle3", "draft_vocab": 10**6}, "method.draft_vocab=1000000")])
 def test_bad_knobs_are_refused(tiny, kwargs, message):
     with pytest.raises(SpecbenchError, match=message):
         EagleModule(tiny.model, **kwargs)

@@ -50,15 +50,19 @@ def feature_layers(num_layers: int, features: str) -> tuple[int, ...]:
                          f"or last (EAGLE-1's last-layer feature)")
 
 
+def check_draft_vocab(draft_vocab, vocab: int) -> None:
+    if not isinstance(draft_vocab, int) or not 1 <= draft_vocab <= vocab:
+        raise SpecbenchError(f"method.draft_vocab={draft_vocab!r} is invalid: give an integer in 1..{vocab} (the "
+                             f"target's vocabulary) or null for all of it")
+
+
 class EagleHead(nn.Module):
     """fuse -> fc([feature, next-token embedding]) -> one target-architecture decoder layer + norm -> draft LM head."""
 
     def __init__(self, config, layers: tuple[int, ...], draft_vocab: int) -> None:
         super().__init__()
-        d, vocab = config.hidden_size, config.vocab_size
-        if not isinstance(draft_vocab, int) or not 1 <= draft_vocab <= vocab:
-            raise SpecbenchError(f"method.draft_vocab={draft_vocab!r} is invalid: give an integer in 1..{vocab} (the "
-                                 f"target's vocabulary) or null for all of it")
+        d = config.hidden_size
+        check_draft_vocab(draft_vocab, config.vocab_size)
         self.layers = tuple(layers)
         self.fuse = nn.Linear(len(layers) * d, d, bias=False) if len(layers) > 1 else nn.Identity()
         self.fc = nn.Linear(2 * d, d, bias=False)

@@ -21,8 +21,9 @@ import torch.nn.functional as F
 from torchmetrics import MeanMetric
 from transformers import DynamicCache
 
-from specbench.drafters.eagle import EagleHead, feature_layers
+from specbench.drafters.eagle import EagleHead, check_draft_vocab, feature_layers
 from specbench.errors import SpecbenchError
+from specbench.models.published.eagle import Eagle3Head, draft_config, eagle3_config_for
 from specbench.training.base import DrafterModule, RankAccuracy
 from specbench.training.sharegpt import Example
 
@@ -53,10 +54,30 @@ def tau_sim(top1: list[float]) -> float:
     return tau
 
 
+HEADS = ("fc_first", "eagle3")
+
+
+def build_head(config, head: str, layers: tuple[int, ...], draft_vocab: int):
+    """fc_first: specbench's EagleHead (fc mixes feature and embedding, then a target-architecture layer); eagle3:
+    EAGLE-3's midlayer head (SafeAILab's, which speculators, vLLM and SGLang run, so task=export can write it)."""
+    if head == "fc_first":
+        return EagleHead(config, layers, draft_vocab)
+    if head == "eagle3" and len(layers) > 1:
+        check_draft_vocab(draft_vocab, config.vocab_size)
+        return Eagle3Head(draft_config(eagle3_config_for(config), 1), layers, draft_vocab)
+    raise SpecbenchError(f"method.head={head!r} is invalid with method.features giving layers {list(layers)}: use "
+                         f"{' or '.join(HEADS)}; eagle3 fuses several layers (method.features=fused)")
+
+
+def projection(head) -> torch.nn.Linear:
+    """The head's draft-vocabulary projection (Eagle3Head's lm_head is norm, then proj)."""
+    return head.lm_head if isinstance(head.lm_head, torch.nn.Linear) else head.lm_head.proj
+
+
 class EagleModule(DrafterModule):
     def __init__(self, backbone, features: str = "fused", draft_vocab: int | None = None, ttt_steps: int = 3,
                  lr: float = 1e-3, warmup_ratio: float = 0.05, weight_decay: float = 0.0, decay: float = 0.8,
-                 export_dtype: str = "bfloat16") -> None:
+                 export_dtype: str = "bfloat16", head: str = "fc_first") -> None:
         if not isinstance(ttt_steps, int) or ttt_steps < 1:
             raise SpecbenchError(f"method.train.module.ttt_steps={ttt_steps!r} is invalid: the drafter is unrolled "
                                  f"on its own outputs for that many steps, so give an integer >= 1")
@@ -66,7 +87,9 @@ class EagleModule(DrafterModule):
         super().__init__(backbone, lr, warmup_ratio, weight_decay)
         self.freeze_backbone()
         cfg = backbone.config
-        self.head = EagleHead(cfg, feature_layers(cfg.num_hidden_layers, features), draft_vocab or cfg.vocab_size)
+        self.head_kind = head
+        self.head = build_head(cfg, head, feature_layers(cfg.num_hidden_layers, features),
+                               draft_vocab or cfg.vocab_size)
         self.hidden_states = tuple(dict.fromkeys(self.head.layers + (-1,)))  # -1: the teacher's last hidden state
         self.features = features
         self.register_buffer("t2d", torch.empty(0, dtype=torch.long), persistent=False)  # target id -> draft id, -1
@@ -81,12 +104,12 @@ class EagleModule(DrafterModule):
         self.head.d2t.copy_(d2t)
         self.t2d = torch.full((vocab,), -1, dtype=torch.long, device=d2t.device)
         self.t2d[d2t] = torch.arange(len(d2t), device=d2t.device)
-        self.head.lm_head.weight.data.copy_(self.backbone.get_output_embeddings().weight.detach()[d2t])
+        projection(self.head).weight.data.copy_(self.backbone.get_output_embeddings().weight.detach()[d2t])
 
     def setup(self, stage: str) -> None:
         """A reduced vocabulary is chosen from the training responses once per fit, before a resumed fit loads
         its trained head (the vocabulary is not in Lightning checkpoints: it is recomputed the same)."""
-        vocab, size = self.backbone.config.vocab_size, self.head.lm_head.out_features
+        vocab, size = self.backbone.config.vocab_size, projection(self.head).out_features
         if stage == "fit" and size < vocab:
             self._use_vocabulary(draft_vocabulary(self.trainer.datamodule.train_set, vocab, size))
 
@@ -153,10 +176,14 @@ class EagleModule(DrafterModule):
         self.val_coverage.reset()
 
     def arch(self) -> dict:
+        """What the drafter rebuilds the head from; an eagle3 head as published EAGLE-3 heads load (`layout`)."""
         cfg = self.backbone.config
-        return {"hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size, "features": self.features,
-                "feature_layers": list(self.head.layers), "draft_vocab": self.head.lm_head.out_features,
+        arch = {"hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size, "features": self.features,
+                "feature_layers": list(self.head.layers), "draft_vocab": projection(self.head).out_features,
                 "ttt_steps": self.ttt_steps}
+        if self.head_kind == "eagle3":
+            arch |= {"layout": "eagle3", "config": eagle3_config_for(cfg)}
+        return arch
 
     def export_tensors(self) -> dict[str, torch.Tensor]:
         return {k: v.to(self.export_dtype) if v.is_floating_point() else v for k, v in self.head.state_dict().items()}

@@ -1,5 +1,6 @@
 """Drafter checkpoints in the seeds' own published layouts (FasterDecoding's Medusa heads, SafeAILab's EAGLE and
-EAGLE-3 heads, PPD's prompt tokens), loaded beside specbench's own artifacts by the same `method.checkpoint`.
+EAGLE-3 heads and SpecForge's, vLLM's speculators folders, PPD's prompt tokens), loaded beside specbench's own artifacts
+by the same `method.checkpoint`.
 
 `load_drafter_checkpoint` answers (metadata, tensors) in the layout the drafter loads: a specbench artifact as
 `load_artifact` reads it, or a published folder mapped onto it. Published checkpoints carry no held-out accuracies
@@ -14,10 +15,17 @@ from specbench.models.published.eagle import eagle_checkpoint, published_eagle_h
 from specbench.models.published.files import LAYOUTS, find_published, resolve
 from specbench.models.published.medusa import medusa_checkpoint
 from specbench.models.published.ppd import ppd_checkpoint
+from specbench.models.published.speculators import is_speculators, save_speculators, speculators_checkpoint
 
-CONVERTERS = {"medusa": medusa_checkpoint, "eagle": eagle_checkpoint, "ppd": ppd_checkpoint}
 
-__all__ = ["LAYOUTS", "load_drafter_checkpoint", "published_eagle_head"]
+def _eagle(ckpt, target):
+    """A speculators config says so (speculators_model_type); any other config.json is SafeAILab's layout."""
+    return (speculators_checkpoint if is_speculators(ckpt.config) else eagle_checkpoint)(ckpt, target)
+
+
+CONVERTERS = {"medusa": medusa_checkpoint, "eagle": _eagle, "ppd": ppd_checkpoint}
+
+__all__ = ["LAYOUTS", "load_drafter_checkpoint", "published_eagle_head", "save_speculators"]
 
 
 def load_drafter_checkpoint(path, method: str, target) -> tuple[dict, dict]:

@@ -45,18 +45,35 @@ def draft_config(cfg: dict, num_layers: int) -> LlamaConfig:
     if scaling and (scaling.get("type") or scaling.get("rope_type")) != "linear":
         raise SpecbenchError(f"EAGLE config rope_scaling={scaling!r} is not supported: EAGLE's own layer applies "
                              f"none or linear scaling")
-    kwargs.update(num_hidden_layers=num_layers, vocab_size=1, pad_token_id=None, attention_bias=False,
-                  mlp_bias=False, tie_word_embeddings=False)
+    kwargs.update(num_hidden_layers=num_layers, vocab_size=1, pad_token_id=None, bos_token_id=None, eos_token_id=None,
+                  attention_bias=False, mlp_bias=False, tie_word_embeddings=False)
     return LlamaConfig(rope_scaling=scaling or None, **kwargs)
+
+
+LAYER_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+              "rms_norm_eps", "hidden_act", "max_position_embeddings", "rope_parameters")
+
+
+def eagle3_config_for(config) -> dict:
+    """The draft layer's config (as a config.json states it, for draft_config) of an EAGLE-3 head trained here for
+    a target: the target's own shapes, norm epsilon and rotary embedding, on Llama's classes (a target with one
+    rotary per attention type lends its full attention's)."""
+    cfg = config.to_dict()
+    layer = {"model_type": "llama", **{k: cfg[k] for k in LAYER_KEYS if cfg.get(k) is not None}}
+    rope = layer.get("rope_parameters")
+    if rope and "rope_type" not in rope:
+        layer["rope_parameters"] = rope.get("full_attention")
+    return layer
 
 
 class Eagle3Layer(nn.Module):
     """EAGLE-3's midlayer. Its input is cat(embedding, feature) on the last axis (the body's single input), its
-    residual the feature; it returns the new feature."""
+    residual the feature (speculators' norm_before_residual: the normed feature); it returns the new feature."""
 
-    def __init__(self, config: LlamaConfig) -> None:
+    def __init__(self, config: LlamaConfig, norm_before_residual: bool = False) -> None:
         super().__init__()
         d = config.hidden_size
+        self.norm_before_residual = norm_before_residual
         self.self_attn = LlamaAttention(config, layer_idx=0)
         for name in ("q_proj", "k_proj", "v_proj"):  # the attention reads the 2d-wide concatenation
             old = getattr(self.self_attn, name)
@@ -68,10 +85,11 @@ class Eagle3Layer(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, attention_mask=None, position_embeddings=None, **kwargs):
         embeds, feature = hidden_states.chunk(2, dim=-1)
-        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(feature)], dim=-1)
+        normed = self.hidden_norm(feature)
+        x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)
         attn, _ = self.self_attn(hidden_states=x, attention_mask=attention_mask,
                                  position_embeddings=position_embeddings, **kwargs)
-        feature = feature + attn
+        feature = (normed if self.norm_before_residual else feature) + attn
         return feature + self.mlp(self.post_attention_layernorm(feature))
 
 
@@ -104,15 +122,25 @@ class Eagle1Head(nn.Module):
 
 
 class Eagle3Head(nn.Module):
-    def __init__(self, config: LlamaConfig, layers: tuple[int, ...], draft_vocab: int) -> None:
+    """EAGLE-3's head: fc, the midlayer (then config.num_hidden_layers - 1 plain Llama layers, as speculators allows),
+    norm, lm_head. Deeper rows read the output before the norm, or after it under speculators' norm_output (EAGLE
+    3.1), where the norm moves into the body."""
+
+    def __init__(self, config: LlamaConfig, layers: tuple[int, ...], draft_vocab: int,
+                 norm_before_residual: bool = False, norm_output: bool = False) -> None:
         super().__init__()
         d = config.hidden_size
         self.layers = layers
+        self.norm_before_residual, self.norm_output = norm_before_residual, norm_output
         self.fc = nn.Linear(len(layers) * d, d, bias=False)  # fuses the target's features (EAGLE-3's own name)
         self.body = _body(config)
-        self.body.layers[0] = Eagle3Layer(config)
-        self.lm_head = nn.Sequential()  # norm, then the draft-vocabulary projection (deeper rows read pre-norm)
-        self.lm_head.add_module("norm", LlamaRMSNorm(d, eps=config.rms_norm_eps))
+        self.body.layers[0] = Eagle3Layer(config, norm_before_residual)
+        norm = LlamaRMSNorm(d, eps=config.rms_norm_eps)
+        self.lm_head = nn.Sequential()  # norm, then the draft-vocabulary projection
+        if norm_output:
+            self.body.norm = norm
+        else:
+            self.lm_head.add_module("norm", norm)
         self.lm_head.add_module("proj", nn.Linear(d, draft_vocab, bias=False))
         self.register_buffer("d2t", torch.arange(draft_vocab))
 
@@ -139,7 +167,7 @@ def eagle_checkpoint(ckpt: Published, target) -> tuple[dict, dict[str, torch.Ten
                              f"load the base model it was trained for")
     check_base_model(ckpt, cfg.get("base_model_name_or_path"), target)
     raw = ckpt.tensors()
-    _check_embedding(ckpt, raw.pop("embed_tokens.weight", None), target)
+    check_embedding(ckpt, raw.pop("embed_tokens.weight", None), target)
     if eagle3:
         layers = eagle3_layers(tcfg.num_hidden_layers)
         if len(layers) != 3:
@@ -147,8 +175,8 @@ def eagle_checkpoint(ckpt: Published, target) -> tuple[dict, dict[str, torch.Ten
                                  f"distinct layers of the {tcfg.num_hidden_layers}-layer target '{target.name}': "
                                  f"checkpoint '{ckpt.folder}' was trained for another base model")
         draft_vocab = int(cfg.get("draft_vocab_size", vocab))
-        tensors = {_eagle3_key(k): v for k, v in raw.items() if k != "t2d"}
-        tensors["d2t"] = _draft_ids(ckpt, tensors.get("d2t"), raw.get("t2d"), draft_vocab, vocab)
+        tensors = {eagle3_key(k): v for k, v in raw.items() if k != "t2d"}
+        tensors["d2t"] = draft_ids(ckpt, tensors.get("d2t"), raw.get("t2d"), draft_vocab, vocab)
         arch = {"layout": "eagle3", "feature_layers": list(layers), "draft_vocab": draft_vocab}
     else:
         tensors = {("body." + k if k.startswith("layers.") else k): v for k, v in raw.items()}
@@ -160,7 +188,7 @@ def eagle_checkpoint(ckpt: Published, target) -> tuple[dict, dict[str, torch.Ten
             "arch": arch | {"config": cfg}, "metrics": {}}, tensors
 
 
-def _draft_ids(ckpt: Published, offsets, t2d, draft_vocab: int, vocab: int) -> torch.Tensor:
+def draft_ids(ckpt: Published, offsets, t2d, draft_vocab: int, vocab: int) -> torch.Tensor:
     """EAGLE-3's d2t (draft id i -> target id i + d2t[i]) as target ids, checked both ways against t2d (one flag per
     target id: in the draft vocabulary or not): draft_vocab distinct ids in 0..vocab-1, exactly the ids t2d flags."""
     where = f"EAGLE-3 checkpoint '{ckpt.folder}'"
@@ -191,13 +219,17 @@ def _draft_ids(ckpt: Published, offsets, t2d, draft_vocab: int, vocab: int) -> t
     return ids
 
 
-def _eagle3_key(key: str) -> str:
+def eagle3_key(key: str, norm_output: bool = False) -> str:
+    """A published EAGLE-3 tensor's key in Eagle3Head (SafeAILab's midlayer.*, speculators' layers.<i>.*)."""
     if key.startswith("midlayer."):
         return "body.layers.0." + key.removeprefix("midlayer.")
-    return {"norm.weight": "lm_head.norm.weight", "lm_head.weight": "lm_head.proj.weight"}.get(key, key)
+    if key.startswith("layers."):
+        return "body." + key
+    norm = "body.norm.weight" if norm_output else "lm_head.norm.weight"
+    return {"norm.weight": norm, "lm_head.weight": "lm_head.proj.weight"}.get(key, key)
 
 
-def _check_embedding(ckpt: Published, embed: torch.Tensor | None, target) -> None:
+def check_embedding(ckpt: Published, embed: torch.Tensor | None, target) -> None:
     """EAGLE's embedding is a frozen copy of its base model's: a different one means another base model (quantised
     targets differ a little, another model's embedding entirely)."""
     if embed is None:
@@ -212,7 +244,8 @@ def published_eagle_head(target, meta: dict, tensors: dict[str, torch.Tensor]) -
     """The head a published EAGLE checkpoint describes, its weights loaded, on the target's device and dtype."""
     arch = meta["arch"]
     if arch["layout"] == "eagle3":
-        head = Eagle3Head(draft_config(arch["config"], 1), tuple(arch["feature_layers"]), arch["draft_vocab"])
+        head = Eagle3Head(draft_config(arch["config"], arch.get("num_layers", 1)), tuple(arch["feature_layers"]),
+                          arch["draft_vocab"], arch.get("norm_before_residual", False), arch.get("norm_output", False))
     else:
         head = Eagle1Head(draft_config(arch["config"], arch["num_layers"]), target.model.get_output_embeddings(),
                           arch["bias"])
@@ -220,6 +253,6 @@ def published_eagle_head(target, meta: dict, tensors: dict[str, torch.Tensor]) -
         head.load_state_dict(tensors)
     except RuntimeError as exc:
         detail = " ".join(line.strip() for line in str(exc).splitlines())[:300]
-        raise SpecbenchError(f"checkpoint '{meta['source']}' does not hold the {arch['layout']} head its config.json "
-                             f"describes ({detail})") from exc
+        raise SpecbenchError(f"checkpoint '{meta.get('source', 'the artifact')}' does not hold the "
+                             f"{arch['layout']} head its config describes ({detail})") from exc
     return head.to(device=target.model.device, dtype=target.model.dtype).eval()

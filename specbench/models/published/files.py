@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import pickle
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,8 +21,9 @@ from safetensors import SafetensorError, safe_open
 from specbench.errors import SpecbenchError
 from specbench.models.artifact import FORMAT, resolve_checkpoint
 
-LAYOUTS = ("Medusa: config.json with medusa_num_heads + medusa_lm_head.{safetensors,pt}; EAGLE/EAGLE-3: config.json + "
-           "model.safetensors or pytorch_model.bin; PPD: adapter_config.json + adapter_model.{safetensors,bin}")
+LAYOUTS = ("Medusa: config.json with medusa_num_heads + medusa_lm_head.{safetensors,pt}; EAGLE/EAGLE-3 (SafeAILab, "
+           "SpecForge, vLLM's speculators): config.json + model.safetensors or pytorch_model.bin; PPD: "
+           "adapter_config.json + adapter_model.{safetensors,bin}")
 # weight files each layout's own loader reads, first found wins (Medusa-2 folders hold the whole tuned model)
 WEIGHTS = {"medusa": ("medusa_lm_head.safetensors", "medusa_lm_head.pt", "model.safetensors.index.json",
                       "model.safetensors", "pytorch_model.bin.index.json", "pytorch_model.bin"),
@@ -64,28 +66,31 @@ class Published:
         return found
 
 
-def check_base_model(ckpt: Published, base, target) -> None:
-    """The base model a published config names (base_model_name_or_path) must be the target: heads trained on
-    another model whose shapes happen to fit would draft, and be rejected, silently. Names compare by their last
-    path part (a hub id's name, a local folder's, a hub cache snapshot's repository), case-insensitively."""
+def check_base_model(ckpt: Published, base, target, field: str = "base_model_name_or_path") -> None:
+    """The base model a published config names (`field`) must be the target: heads trained on another model whose
+    shapes happen to fit would draft, and be rejected, silently. Names compare by their last path part (a hub id's
+    name, a local folder's, a hub cache snapshot's repository, a GGUF file's without its quantisation),
+    case-insensitively."""
     if not base or base == "unknown":
         return
     ours = {_model_name(n) for n in (target.name, target.source, getattr(target.model.config, "_name_or_path", ""))
             if n}
     if _model_name(base) not in ours:
         raise SpecbenchError(f"{ckpt.name} checkpoint '{ckpt.folder}' was trained for base model '{base}' (its "
-                             f"config's base_model_name_or_path), but the target is '{target.name}' ({target.source}); "
-                             f"load '{base}' (model.path=<its hub id or a folder named {_model_name(base)}>), or "
-                             f"set base_model_name_or_path to '{target.name}' if it is that model under another name")
+                             f"config's {field}), but the target is '{target.name}' ({target.source}); load '{base}' "
+                             f"(model.path=<its hub id or a folder named {_model_name(base)}>), or set {field} to "
+                             f"'{target.name}' if it is that model under another name")
 
 
 def _model_name(name) -> str:
-    """'org/Name' -> 'name'; '.../models--org--Name/snapshots/<hash>' -> 'name'; '/dir/Name/' -> 'name'."""
+    """'org/Name' -> 'name'; '.../models--org--Name/snapshots/<hash>' -> 'name'; '/dir/Name/' -> 'name';
+    '/dir/Name.Q4_1.gguf' -> 'name'."""
     parts = Path(str(name)).parts
     for part in parts:
         if part.startswith("models--"):
             return part.split("--")[-1].lower()
-    return parts[-1].lower() if parts else ""
+    last = parts[-1].lower() if parts else ""
+    return re.sub(r"[.-](q\d\w*|f16|bf16|f32)$", "", last.removesuffix(".gguf")) if last.endswith(".gguf") else last
 
 
 def resolve(path) -> Path:
