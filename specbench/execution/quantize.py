@@ -135,10 +135,13 @@ class W8A8Linear(nn.Module):
     """y = (qx qw^T) sx sw + b: qw and sw as Int8Linear's; each row of x quantised when it arrives (symmetric, its own
     max |x| -> 127, sx one scale per row); the int8 product summed exactly in int32 by torch._int_mm.
 
-    Row-invariant by construction, whatever the kernel's blocking: a row's codes and scale depend on that row alone
-    (a max is exact in any order), an integer sum has no rounding order, and the float epilogue is elementwise. So a
-    tree verify gives bitwise the logits of one-token forwards, where a float GEMM's blocking can change with the
-    number of rows. The price is activation rounding: `agreement` measures it against the float model."""
+    The layer is row-invariant by construction, whatever the kernel's blocking: a row's codes and scale depend on that
+    row alone (a max is exact in any order), an integer sum has no rounding order, and the float epilogue is
+    elementwise. The model around it is not: transformers' attention sums a many-row and a one-row product in other
+    orders (~1e-8 apart in fp32), and quantising the activations can turn such a difference into a whole code step
+    where it crosses a rounding boundary. On SmolLM2-135M, PLD on a w8a8 target kept 1 of 5 answers of its own plain
+    decoding in fp32 (weight-only int8 and int4 keep them: a 1e-8 difference stays 1e-8), so a w8a8 target is not
+    lossless under speculation until attention is row-invariant too; the run's lossless column says so."""
 
     weight_format = "w8a8"  # what the roofline prices (models/shape.py)
 
