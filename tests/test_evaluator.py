@@ -440,3 +440,5 @@ def test_a_run_profiles_the_sizes_up_to_its_largest_tree():
     assert profile_sizes(cfg, [SimpleNamespace(budget=64)]) == [1, 2, 4, 8, 16, 32, 64]
     assert profile_sizes(cfg, [SimpleNamespace(budget=100)]) == [1, 2, 4, 8, 16, 32, 64]
     assert profile_sizes(cfg, [SimpleNamespace(budget=2)]) == [1, 2]
+    cfg.eval.profile_sizes = [4, 8]  # L(1) is always measured: the fastest plain decoding is judged by it
+    assert profile_sizes(cfg, [SimpleNamespace(budget=6)]) == [1, 4, 8]

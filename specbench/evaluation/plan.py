@@ -168,8 +168,9 @@ def _drafter(entry: MethodEntry, tree: TreePolicy, cast: LoadedModel, backend: s
 
 def profile_sizes(cfg, trees) -> list[int]:
     """eval.profile_sizes up to the first that holds the run's largest tree (a hardware-aware tree's cap): what its
-    choices read. A later run with larger trees measures the rest (the profile keeps what it has)."""
-    sizes = sorted(cfg.eval.profile_sizes)
+    choices read, with one row always (the fastest plain decoding is judged by L(1)). A later run with larger trees
+    measures the rest (the profile keeps what it has)."""
+    sizes = sorted({1, *cfg.eval.profile_sizes})
     need = max(t.budget for t in trees)
     return list(dict.fromkeys([s for s in sizes if s < need] + [next((s for s in sizes if s >= need), sizes[-1])]))
 

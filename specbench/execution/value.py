@@ -27,15 +27,16 @@ class Execution(NamedTuple):
         return f"{self.backend}/{self.dtype}" + ("" if self.weights == "fp" else f"/{self.weights}")
 
     @classmethod
-    def parse(cls, text: str, group_size: int = 32, key: str = "eval.plain_executions entry") -> Execution:
-        """backend/dtype or backend/dtype/weights (weights fp, int8, int4 with model.group_size, or int4_g<group>)."""
+    def parse(cls, text: str, group_size: int = 32) -> Execution:
+        """An eval.plain_executions entry: backend/dtype or backend/dtype/weights (weights fp, int8, w8a8, int4 with
+        model.group_size, or int4_g<group>)."""
         parts = str(text).split("/")
         ok = len(parts) in (2, 3) and parts[0] in BACKENDS and parts[1] in DTYPES
         if ok and len(parts) == 3:
             weights, group = split_format(parts[2], group_size)
             ok = weights in FORMATS and group in GROUP_SIZES
         if not ok:
-            raise SpecbenchError(f"{key} '{text}' is invalid: give backend/dtype[/weights] with a backend of "
+            raise SpecbenchError(f"eval.plain_executions entry '{text}' is invalid: give backend/dtype[/weights] with a backend of "
                                  f"{', '.join(BACKENDS)}, a dtype of {', '.join(DTYPES)} and weights of "
                                  f"{', '.join(FORMATS)} (int4_g<group> for another group size), e.g. eager/bfloat16/int8")
         return cls(parts[0], parts[1], format_name(*split_format(parts[2], group_size)) if len(parts) == 3 else "fp")
