@@ -12,6 +12,7 @@ from specbench.drafters.autoregressive import AutoregressiveDrafter
 from specbench.drafters.pld import PromptLookupDrafter
 from specbench.errors import SpecbenchError
 from specbench.execution.linears import FusedPart, fuse_projections
+from specbench.models import tiny_random
 from specbench.models.loading import with_dtype
 from specbench.execution.quantize import (
     Int4Linear,
@@ -141,6 +142,23 @@ def test_a_tree_verify_of_the_quantised_target_equals_its_one_token_forwards(tin
     for got, ref in zip([*logits, after[0]], refs):
         rtol, atol = (2 ** -6, 2 ** -6) if dtype == "bfloat16" else (0.0, 1e-5)
         assert torch.allclose(got, ref, rtol=rtol, atol=atol) and got.argmax() == ref.argmax()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_w8a8_tree_verify_is_its_one_token_forwards_bitwise(dtype):
+    """W8A8 quantises every activation row, so a 1e-8 difference between a tree row and its one-token forward can
+    become a whole code step: the model is lossless under speculation only if every row is computed bitwise as alone.
+    Its linears are by construction; its attention runs in float64 for that (execution/attention.py row_invariant).
+    SmolLM2-135M's attention shape (9 query heads over 3 KV heads of 64) and 300 cached tokens: with float32
+    attention the rows differ (up to 8e-6 in fp32 here; 0.17 with 4 layers)."""
+    model = tiny_random(hidden_size=576, num_heads=9, num_kv_heads=3, num_layers=2)
+    quant = with_dtype(with_weights(model, "w8a8"), dtype).model
+    prompt = (torch.arange(300) % 200)[None]
+    tree = TokenTree(torch.tensor([5, 7, 9, 11, 13, 15, 17]), torch.tensor([-1, 0, 0, 1, 3, 1, 4]))
+    logits, after = _logits_of_paths(quant, prompt, tree, [0, 1, 3, 4, 6])
+    refs = [_one_token_forwards(quant, prompt, tree.tokens[tree.path_to(node)]) for node in range(len(tree))]
+    refs.append(_one_token_forwards(quant, prompt, torch.tensor([5, 7, 11, 13, 17, 13])))
+    assert all(torch.equal(got, ref) for got, ref in zip([*logits, after[0]], refs))
 
 
 def _decode(model, drafter, tiny, prompt, tokens=32):

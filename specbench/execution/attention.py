@@ -11,10 +11,12 @@ tree verify at the same context run the same kernel.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import sys
 
 import torch
+
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -24,6 +26,7 @@ from specbench.models.loading import DTYPES, LoadedModel
 
 ATTENTIONS = ("auto", "sdpa", "eager")
 SWITCHED = "specbench_switch"  # the registered name: eager in the model's windows of key counts, SDPA elsewhere
+FLOAT64 = "specbench_float64"  # the registered name: the model's attention computed in float64 (row_invariant)
 Windows = list[list]  # [[from keys, to keys or None (no end)], ...]: eager runs where from <= keys < to
 
 
@@ -64,6 +67,46 @@ def switched_attention(module, query, key, value, attention_mask, **kwargs):
 
 AttentionInterface.register(SWITCHED, switched_attention)
 AttentionMaskInterface.register(SWITCHED, sdpa_mask)
+
+
+def float64_attention(module, query, key, value, attention_mask, **kwargs):
+    """The attention the model runs (its config's `inner_attention`), computed in float64 and rounded back."""
+    inner = module.config.inner_attention
+    if attention_mask is not None and attention_mask.is_floating_point():
+        attention_mask = attention_mask.double()
+    args = (module, query.double(), key.double(), value.double(), attention_mask)
+    if inner == "sdpa":
+        out, weights = sdpa_attention_forward(*args, **kwargs)
+    elif inner == SWITCHED:
+        out, weights = switched_attention(*args, **kwargs)
+    else:  # transformers' own eager (a model whose attention was never set here)
+        out, weights = eager_forward(module)(*args, **kwargs)
+    return out.to(query.dtype), weights
+
+
+AttentionInterface.register(FLOAT64, float64_attention)
+
+
+def row_invariant(model: torch.nn.Module) -> torch.nn.Module:
+    """`model`'s attention layers switched, in place, to their own attention computed in float64: a tree verify then
+    gives each row the logits its one-token forward gives, bitwise, where the linears are row-invariant (W8A8).
+
+    Why: a tree verify and a one-token forward sum the same q.k and p.v products in other orders (another kernel,
+    another blocking; ~1e-8 apart in float32). Float64 sums of float32 products differ between orders by ~1e-16
+    relative, which rounds to the same float32 except where a value lies that close to a rounding boundary, about
+    one element in 10^9 (SmolLM2-135M w8a8: every row of 6-node trees and chains bitwise equal, against 1 of 6 with
+    float32 attention). Not a guarantee by construction (gathering each row's keys into its plain-decoding order is,
+    but cost 169 against 89 ms for a 16-node tree on a 2-core Cascade Lake): the run's lossless column checks every answer. The mask is still
+    built for the model's own attention (the model-level config is untouched); only the layers' configs are copies.
+    Call it on a view whose attention modules are its own (with_weights makes one): a shared module would switch the
+    original model too."""
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if type(module).__name__.endswith("Attention") and config is not None:
+            module.config = copy.copy(config)
+            module.config.inner_attention = config._attn_implementation
+            module.config._attn_implementation = FLOAT64
+    return model
 
 
 def with_attention(target: LoadedModel, attention: str, windows: dict[str, Windows] | None = None) -> LoadedModel:

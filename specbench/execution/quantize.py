@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from specbench.errors import SpecbenchError
+from specbench.execution.attention import row_invariant
 from specbench.execution.linears import fuse_projections, replace_linears
 from specbench.models.loading import LoadedModel
 
@@ -137,11 +138,12 @@ class W8A8Linear(nn.Module):
 
     The layer is row-invariant by construction, whatever the kernel's blocking: a row's codes and scale depend on that
     row alone (a max is exact in any order), an integer sum has no rounding order, and the float epilogue is
-    elementwise. The model around it is not: transformers' attention sums a many-row and a one-row product in other
-    orders (~1e-8 apart in fp32), and quantising the activations can turn such a difference into a whole code step
-    where it crosses a rounding boundary. On SmolLM2-135M, PLD on a w8a8 target kept 1 of 5 answers of its own plain
-    decoding in fp32 (weight-only int8 and int4 keep them: a 1e-8 difference stays 1e-8), so a w8a8 target is not
-    lossless under speculation until attention is row-invariant too; the run's lossless column says so."""
+    elementwise. The model around it is not by itself: transformers' attention sums a many-row and a one-row product
+    in other orders (~1e-8 apart in fp32), and quantising the activations turns such a difference into a whole code
+    step where it crosses a rounding boundary: on SmolLM2-135M, PLD on a w8a8 target with float32 attention kept 1 of
+    5 answers of its own plain decoding in fp32 (weight-only int8 and int4 keep them: a 1e-8 difference stays 1e-8).
+    So a w8a8 target runs its attention in float64 (execution/attention.py `row_invariant`), which makes the whole
+    forward row-invariant, as its tests check bitwise."""
 
     weight_format = "w8a8"  # what the roofline prices (models/shape.py)
 
@@ -191,6 +193,8 @@ def with_weights(target: LoadedModel, weights: str, group_size: int = 32, fuse: 
         raise SpecbenchError(f"model.weights={weights} cannot run on {target.model.device}: {reason}")
     model = replace_linears(fuse_projections(target.model) if fuse else target.model,
                             lambda linear: quantised_linear(linear, weights, group_size))
+    if weights == "w8a8":  # W8A8Linear says why its model needs row-invariant attention
+        model = row_invariant(model)
     return dataclasses.replace(target, model=model, weights=format_name(weights, group_size))
 
 
