@@ -185,9 +185,11 @@ def test_a_full_disk_is_one_line_keeping_the_records_and_the_rerun_resumes(tmp_p
 
 
 # a long run as the user meets it: after its second record the run takes its time (a real one would decode on), so
-# Ctrl-C lands mid-run however busy the machine is (a 20-prompt tiny run once finished before its watcher, on cores
-# shared with other test workers, saw a record)
-SLOW_CLI = """import sys, time
+# Ctrl-C lands mid-run however busy the machine is. SIGINT as a terminal has it: pytest-xdist's workers ignore SIGINT,
+# and a child inherits an ignored signal (Python then installs no KeyboardInterrupt handler), so under `-n auto` the
+# run ignored Ctrl-C and finished with 0
+SLOW_CLI = """import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from specbench.reporting import store
 real, calls = store.RecordStore.append, []
 def append(self, record):
