@@ -352,3 +352,15 @@ def test_settings_that_do_not_fit_the_model_are_refused_from_its_config(override
 
 def test_settings_that_fit_the_model_pass(tmp_path):
     validate(compose_cfg([*RUN, "model.weights=int4", "model.group_size=64", "tree.budget=512"], tmp_path))
+
+
+def test_a_conversion_removes_what_killed_ones_left_and_keeps_a_running_ones(tmp_path, tiny):
+    """Each conversion writes its own <name>.tmp<pid>: a killed one's folder goes at the next conversion, one whose
+    process still runs (another first run converting now) stays."""
+    out = tmp_path / "model"
+    dead = tmp_path / "model.tmp999999999"  # beyond any pid Linux hands out
+    running = tmp_path / f"model.tmp{os.getppid()}"
+    dead.mkdir(), running.mkdir()
+    loading._save_cache(tiny.model, tiny.tokenizer, out)
+    assert (out / "config.json").exists() and not dead.exists() and running.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model", running.name]

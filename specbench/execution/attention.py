@@ -16,7 +16,6 @@ import dataclasses
 import sys
 
 import torch
-
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
@@ -96,8 +95,9 @@ def row_invariant(model: torch.nn.Module) -> torch.nn.Module:
     relative, which rounds to the same float32 except where a value lies that close to a rounding boundary, about
     one element in 10^9 (SmolLM2-135M w8a8: every row of 6-node trees and chains bitwise equal, against 1 of 6 with
     float32 attention). Not a guarantee by construction (gathering each row's keys into its plain-decoding order is,
-    but cost 169 against 89 ms for a 16-node tree on a 2-core Cascade Lake): the run's lossless column checks every answer. The mask is still
-    built for the model's own attention (the model-level config is untouched); only the layers' configs are copies.
+    but cost 169 against 89 ms for a 16-node tree on a 2-core Cascade Lake): the run's lossless column checks every
+    answer. The mask is still built for the model's own attention (the model-level config is untouched); only the
+    layers' configs are copies.
     Call it on a view whose attention modules are its own (with_weights makes one): a shared module would switch the
     original model too."""
     for module in model.modules():

@@ -235,12 +235,28 @@ def _fingerprint(path: Path) -> str:
     return hashlib.sha1(f"{path.resolve()}:{stat.st_size}:{int(stat.st_mtime)}".encode()).hexdigest()[:10]
 
 
+def _alive(pid: str) -> bool:
+    """Whether the process a temporary folder is named after still runs (a name without a pid: no)."""
+    if not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
 def _save_cache(model, tokenizer, out: Path) -> None:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     # one temporary folder per process: two first runs (or test workers) converting at once must not share one
     tmp = out.with_name(f"{out.name}.tmp{os.getpid()}")
+    for left in out.parent.glob(f"{out.name}.tmp*"):  # left by a conversion that was killed
+        if not _alive(left.name.rsplit(".tmp", 1)[1]):
+            shutil.rmtree(left, ignore_errors=True)
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
