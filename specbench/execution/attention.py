@@ -19,6 +19,7 @@ import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from specbench.errors import SpecbenchError
 from specbench.models.loading import DTYPES, LoadedModel
@@ -73,13 +74,9 @@ def float64_attention(module, query, key, value, attention_mask, **kwargs):
     inner = module.config.inner_attention
     if attention_mask is not None and attention_mask.is_floating_point():
         attention_mask = attention_mask.double()
-    args = (module, query.double(), key.double(), value.double(), attention_mask)
-    if inner == "sdpa":
-        out, weights = sdpa_attention_forward(*args, **kwargs)
-    elif inner == SWITCHED:
-        out, weights = switched_attention(*args, **kwargs)
-    else:  # transformers' own eager (a model whose attention was never set here)
-        out, weights = eager_forward(module)(*args, **kwargs)
+    # transformers' own dispatch, as its attention layers look theirs up (eager: the model file's function)
+    attend = ALL_ATTENTION_FUNCTIONS.get_interface(inner, eager_forward(module))
+    out, weights = attend(module, query.double(), key.double(), value.double(), attention_mask, **kwargs)
     return out.to(query.dtype), weights
 
 

@@ -36,8 +36,8 @@ class Execution(NamedTuple):
             weights, group = split_format(parts[2], group_size)
             ok = weights in FORMATS and group in GROUP_SIZES
         if not ok:
-            raise SpecbenchError(f"eval.plain_executions entry '{text}' is invalid: give backend/dtype[/weights] with a backend of "
-                                 f"{', '.join(BACKENDS)}, a dtype of {', '.join(DTYPES)} and weights of "
+            raise SpecbenchError(f"eval.plain_executions entry '{text}' is invalid: give backend/dtype[/weights] with "
+                                 f"a backend of {', '.join(BACKENDS)}, a dtype of {', '.join(DTYPES)} and weights of "
                                  f"{', '.join(FORMATS)} (int4_g<group> for another group size), e.g. eager/bfloat16/int8")
         return cls(parts[0], parts[1], format_name(*split_format(parts[2], group_size)) if len(parts) == 3 else "fp")
 

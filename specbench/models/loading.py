@@ -236,7 +236,8 @@ def _fingerprint(path: Path) -> str:
 
 
 def _alive(pid: str) -> bool:
-    """Whether the process a temporary folder is named after still runs (a name without a pid: no)."""
+    """Whether the process a temporary folder is named after still runs (a name without a pid: no). By hand because
+    psutil (pid_exists) is no dependency of this project; signal 0 checks existence without sending anything."""
     if not pid.isdigit():
         return False
     try:
