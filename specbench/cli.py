@@ -61,7 +61,7 @@ class WritableRunFolder(Callback):
 
 def _writable(folder: str, key: str) -> None:
     from specbench.errors import SpecbenchError
-    from specbench.models.loading import check_writable
+    from specbench.files import check_writable
 
     try:
         check_writable(Path(folder), "run folder", f"give a {key} you can write")
@@ -80,7 +80,7 @@ def _kept_and_rerun(task: str) -> str:
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
-    from specbench.reporting.store import RECORDS_FILE
+    from specbench.evaluation.run_folder import RECORDS_FILE
 
     hydra = HydraConfig.get()
     out = Path(hydra.runtime.output_dir)

@@ -17,10 +17,10 @@ import torch
 
 from specbench.errors import SpecbenchError
 from specbench.evaluation import plan as plan_module
+from specbench.evaluation.run_folder import RecordStore
 from specbench.hardware.measured import machine_profile
 from specbench.models import loading
 from specbench.models.loading import load_model
-from specbench.reporting.store import RecordStore
 from specbench.schema import validate
 from specbench.tasks import eval as eval_task
 
@@ -153,14 +153,14 @@ def test_a_record_that_fills_the_disk_leaves_whole_lines_only(tmp_path, monkeypa
 
 
 CLI = """import errno, os, sys
-from specbench.reporting import store
-real, calls = store.RecordStore.append, []
+from specbench.evaluation import run_folder
+real, calls = run_folder.RecordStore.append, []
 def append(self, record):
     calls.append(1)
     if len(calls) == 3:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
     real(self, record)
-store.RecordStore.append = append
+run_folder.RecordStore.append = append
 sys.argv = ["run.py", *sys.argv[1:]]
 from specbench.cli import main
 main()
@@ -190,14 +190,14 @@ def test_a_full_disk_is_one_line_keeping_the_records_and_the_rerun_resumes(tmp_p
 # run ignored Ctrl-C and finished with 0
 SLOW_CLI = """import signal, sys, time
 signal.signal(signal.SIGINT, signal.default_int_handler)
-from specbench.reporting import store
-real, calls = store.RecordStore.append, []
+from specbench.evaluation import run_folder
+real, calls = run_folder.RecordStore.append, []
 def append(self, record):
     real(self, record)
     calls.append(1)
     if len(calls) == 2:
         time.sleep(300)
-store.RecordStore.append = append
+run_folder.RecordStore.append = append
 sys.argv = ["run.py", *sys.argv[1:]]
 from specbench.cli import main
 main()

@@ -20,8 +20,8 @@ from specbench.hardware.measured.machine_profile import (
     load_or_measure_profile,
     measured_peaks,
     profile_path,
-    write_atomic,
 )
+from specbench.files import write_atomic
 
 PEAKS = {"peak_tflops": {"float32": 0.2}, "mem_bandwidth_gbs": 40.0, "layer_overhead_ms": 0.1, "memory_gb": 16.0}
 SIZES, CONTEXTS = [1, 4], [8, 16]

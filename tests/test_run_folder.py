@@ -18,7 +18,8 @@ from hydra.core.utils import setup_globals
 from specbench.decoding import Decoder
 from specbench.errors import SpecbenchError
 from specbench.evaluation.methods import resolve_entries
-from specbench.reporting.store import RecordStore, write_atomic
+from specbench.evaluation.run_folder import RecordStore
+from specbench.files import write_atomic
 from specbench.tasks import eval as eval_task
 
 from .conftest import CONF, compose_cfg

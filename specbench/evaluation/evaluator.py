@@ -24,14 +24,10 @@ from specbench.engines.base import Engine
 from specbench.errors import SpecbenchError
 from specbench.evaluation.memory import peak_allocated_bytes
 from specbench.evaluation.metrics import BASELINE, decoded
+from specbench.evaluation.run_folder import RECORDS_FILE, RecordStore, backbone_reference
+from specbench.files import write_atomic
 from specbench.models.loading import LoadedModel
-from specbench.reporting.store import RECORDS_FILE, RecordStore, write_atomic
 from specbench.sampling import SamplingParams
-
-
-def backbone_reference(label: str) -> str:
-    """The label of plain decoding on the backbone that method `label` verifies with (a Medusa-2 artifact's)."""
-    return f"{BASELINE}@{label}"
 
 
 @dataclass

@@ -26,8 +26,8 @@ from specbench.evaluation.engines import build_engines, engine_runs, requested
 from specbench.evaluation.methods import MethodEntry, build_drafter, check_tree, resolve_entries
 from specbench.evaluation.metrics import BASELINE, EAGER_REFERENCE
 from specbench.evaluation.precision import AUTO, ExecutionPlan, check_dtype, plan
-from specbench.evaluation.provenance import check_and_save_settings, shared_settings
-from specbench.evaluation.provenance import settings_hash as hash_of
+from specbench.evaluation.run_folder import check_and_save_settings, shared_settings
+from specbench.evaluation.run_folder import settings_hash as hash_of
 from specbench.hardware.measured.machine_profile import MachineProfile, load_or_measure_profile
 from specbench.hardware.modelled.roofline import roofline_step_time
 from specbench.hardware.modelled.spec import MEASURED, HardwareSpec

@@ -51,7 +51,7 @@ from scipy import stats
 
 from specbench.errors import SpecbenchError
 from specbench.evaluation.metrics import BASELINE, decoded
-from specbench.reporting.store import write_atomic
+from specbench.files import write_atomic
 
 HUMANEVAL_PASS1 = "humaneval_pass1"
 QUALITY = {HUMANEVAL_PASS1: "humaneval"}  # each eval.quality measure and the dataset whose tests it runs

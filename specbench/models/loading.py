@@ -14,13 +14,13 @@ import importlib
 import importlib.util
 import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from specbench.errors import SpecbenchError
+from specbench.files import check_writable
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -80,19 +80,6 @@ def cache_dir(name: str) -> Path:
     folder = cache_root() / name
     check_writable(folder, "cache folder", f"set SPECBENCH_CACHE to a folder you can write (it is {cache_root()})")
     return folder
-
-
-def check_writable(folder: Path, what: str, fix: str) -> None:
-    """Create `folder` and write a scratch file in it, so a path under a file, a read-only folder or a full disk ends
-    in one line naming the folder before anything is measured or decoded (os.access would pass for root)."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder) as fh:
-            fh.write(b"specbench")
-            fh.flush()
-            os.fsync(fh.fileno())
-    except OSError as exc:
-        raise SpecbenchError(f"{what} '{folder}' cannot be written ({exc.strerror or exc}): {fix}") from None
 
 
 def resolve_path(path: str) -> Path | str:

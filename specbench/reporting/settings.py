@@ -1,6 +1,6 @@
 """A folder keyed on its settings: the settings.json it was made with, read back with a damaged file as one line, and
 compared key by key with a rerun's, so a refusal names the keys that differ. The eval run folder
-(evaluation/provenance.py) and the training folder (training/folder.py) both keep one: records or checkpoints made
+(evaluation/run_folder.py) and the training folder (training/folder.py) both keep one: records or checkpoints made
 with other settings are never mixed with a rerun's."""
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from specbench.config import build
 from specbench.evaluation.evaluator import Evaluator
 from specbench.evaluation.metrics import BASELINE
 from specbench.evaluation.plan import plan_runs, request
-from specbench.evaluation.provenance import open_run_folder, provenance
+from specbench.evaluation.run_folder import open_run_folder, provenance
 from specbench.evaluation.summary import summarise
 from specbench.reporting.paper_table import report_after_run
 from specbench.tasks._common import run_dir, setup_target

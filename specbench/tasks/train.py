@@ -23,10 +23,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from specbench.config import build
 from specbench.errors import SpecbenchError
+from specbench.evaluation.run_folder import run_folder_lock
 from specbench.models.artifact import save_artifact
 from specbench.models.loading import cache_root
 from specbench.reporting.loggers import log_artifact
-from specbench.reporting.store import run_folder_lock
 from specbench.tasks._common import build_model, run_dir
 from specbench.training.curves import TrainingCurves
 from specbench.training.datamodule import ShareGPTDataModule

@@ -20,8 +20,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from specbench.errors import SpecbenchError
 from specbench.execution.backends import RUN_KEYS
+from specbench.files import write_atomic
 from specbench.reporting.settings import SETTINGS_FILE, read_settings_file, settings_diff, shown
-from specbench.reporting.store import write_atomic
 
 log = logging.getLogger(__name__)
 

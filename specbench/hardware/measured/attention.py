@@ -11,9 +11,10 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from specbench.errors import SpecbenchError
+from specbench.files import write_atomic
 from specbench.hardware.measured.machine import fingerprint, machine_info
 from specbench.hardware.measured.machine_profile import (_best_seconds, _read_cached, code_digest, default_dtypes,
-                                                         measuring_alone, profile_dir, stamp, write_atomic)
+                                                         measuring_alone, profile_dir, stamp)
 from specbench.execution import attention as model_attention
 from specbench.execution.attention import Windows, eager_forward
 from specbench.models.loading import torch_dtype

@@ -28,6 +28,7 @@ from filelock import FileLock, Timeout
 from transformers import DynamicCache
 
 from specbench.errors import SpecbenchError
+from specbench.files import write_atomic
 from specbench.hardware.measured import profiler
 from specbench.hardware.measured.machine import fingerprint, machine_info
 from specbench.hardware.measured.profiler import latency_profile
@@ -173,21 +174,6 @@ def measuring_alone(what: str):
         yield
     finally:
         lock.release()
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write through a temporary file in the same directory and os.replace it over path: a reader (or a run killed
-    mid-write) sees the old file or the new one, never half of one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    except BaseException as exc:
-        tmp.unlink(missing_ok=True)
-        if isinstance(exc, OSError) and exc.errno and not exc.filename:  # a full disk: name the file it missed
-            raise OSError(exc.errno, exc.strerror, str(path)) from exc
-        raise
 
 
 def _read_cached(path: Path, parse):

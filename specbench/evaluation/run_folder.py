@@ -1,28 +1,164 @@
-"""Where every number comes from, and which settings a run folder was made with.
+"""The run folder: what a run writes and what a rerun trusts.
 
-Every record and summary row carries the provenance (model, dtype, hw, dataset, the machine, library versions, the
-project's commit) and a hash of the settings that change results. A rerun into a folder made with other settings
-stops with the differing keys named, so records of different settings are never mixed; new methods may be added to a
-folder whose shared settings match. settings.json also maps every hash it wrote to the settings behind it, so a record
-whose hash is not its method's (a record copied in, or settings.json edited) is refused with the differing keys named.
+- records.jsonl: one line per prompt, turn and method, flushed at once, so a killed run loses nothing and a rerun
+  resumes where it stopped;
+- settings.json: the settings that change results, and a hash of them on every record. A rerun into a folder made
+  with other settings stops with the differing keys named, so records of different settings are never mixed; new
+  methods may be added to a folder whose shared settings match. It also maps every hash it wrote to the settings
+  behind it, so a record whose hash is not its method's (a record copied in, or settings.json edited) is refused with
+  the differing keys named;
+- the provenance columns every record and summary row carries (model, dtype, hw, dataset, the machine, library
+  versions, the project's commit);
+- the folder's lock (one run at a time).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import os
 import subprocess
 from contextlib import contextmanager
 from functools import lru_cache
 from pathlib import Path
 
+import pandas as pd
+from filelock import FileLock, Timeout
 from omegaconf import DictConfig, OmegaConf
 
 from specbench.errors import SpecbenchError
-from specbench.evaluation.evaluator import backbone_reference
+from specbench.evaluation.metrics import BASELINE
+from specbench.files import check_writable, write_atomic
 from specbench.hardware.measured import machine
 from specbench.reporting.settings import SETTINGS_FILE, read_settings_file, settings_diff, shown
-from specbench.reporting.store import RECORDS_FILE, RecordStore, run_folder_lock, write_atomic
+
+log = logging.getLogger(__name__)
+
+RECORDS_FILE = "records.jsonl"
+LOCK_FILE = ".lock"
+
+
+def record_key(record: dict) -> tuple[str, str, int]:
+    return record["method"], str(record["question_id"]), int(record.get("turn", 0))
+
+
+@contextmanager
+def run_folder_lock(run_dir: str | Path):
+    """Hold `<run_dir>/.lock` (flock, LOCK_EX | LOCK_NB, through filelock) while a run writes the folder: two runs at
+    once would both decode every prompt and append duplicate records. The holder writes its pid into the file, so a
+    refused run can name it; the kernel drops the lock when the holder exits, however it ends."""
+    run_dir = Path(run_dir)
+    check_writable(run_dir, "run folder", "give a hydra.run.dir you can write")
+    path = run_dir / LOCK_FILE
+    lock = FileLock(path, blocking=False, preserve_lock_file=True, fallback_to_soft=False, on_acquired=_write_pid)
+    try:
+        lock.acquire()
+    except Timeout:
+        holder = (path.read_text(encoding="utf-8", errors="replace").split() or ["unknown"])[0][:20]
+        raise SpecbenchError(f"run folder '{run_dir}' is in use by another run (pid {holder}, holding {path}): wait "
+                             f"for it to finish, or give this run another hydra.run.dir") from None
+    except OSError as exc:  # a filesystem without flock: a marker file instead would outlive a killed run
+        raise SpecbenchError(f"run folder '{run_dir}' cannot be locked ({exc.strerror or exc}): give a "
+                             f"hydra.run.dir on a local filesystem") from None
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _write_pid(fd: int) -> None:
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+
+
+def _key_or_none(record) -> tuple[str, str, int] | None:
+    """A line's key, or None when the line is JSON but no record (a list, a number, no method or a bad turn)."""
+    try:
+        key = record_key(record)
+    except (TypeError, KeyError, ValueError):
+        return None
+    return key if isinstance(key[0], str) else None
+
+
+class RecordStore:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if self.path.is_symlink():  # appends would land wherever it points, outside the run folder
+            raise SpecbenchError(f"{self.path} is a symbolic link (to {os.readlink(self.path)}): a run folder's "
+                                 f"records must be its own file; replace the link by a copy of the file "
+                                 f"(cp --remove-destination), or give another hydra.run.dir")
+        self.rows: list[dict] = []  # rows[i] is line i + 1 of the file
+        self._done: dict[tuple[str, str, int], dict] = {}
+        if self.path.exists():
+            self._load()
+
+    def _load(self) -> None:
+        """Only the last line can be cut by a kill, and then it lacks its newline (a record is written with its
+        newline in one call): it is dropped, with a warning, and redone. Any other unreadable line, or a record
+        written twice (two runs at once), is refused with its line number."""
+        text = self.path.read_text(encoding="utf-8", errors="replace")
+        lines, first_line = text.splitlines(), {}
+        for number, line in enumerate(lines, 1):
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                if number == len(lines) and not text.endswith("\n"):
+                    log.warning("%s line %d was cut by a kill (%r): dropped, its prompt is decoded again", self.path,
+                                number, line[:40])
+                    break
+                raise SpecbenchError(f"{self.path} line {number} is not JSON ({line[:40]!r}): only the last line may "
+                                     f"be cut by a kill; remove that line or give another hydra.run.dir") from None
+            key = _key_or_none(record)
+            if key is None:
+                raise SpecbenchError(f"{self.path} line {number} is not a record ({line[:40]!r}): each line is a JSON "
+                                     f"object with method, question_id and turn; remove that line or give another "
+                                     f"hydra.run.dir")
+            if key in first_line:
+                raise SpecbenchError(f"{self.path} lines {first_line[key]} and {number} are the same record (method "
+                                     f"{key[0]!r}, question_id {key[1]!r}, turn {key[2]}): two runs wrote this folder "
+                                     f"at once; remove one of the two lines")
+            first_line[key] = number
+            self.rows.append(record)
+            self._done[key] = record
+        kept = "".join(line + "\n" for line in lines[: len(self.rows)])
+        if kept != text:  # a cut last line, or one missing its newline, which the next append would run into
+            write_atomic(self.path, kept)
+
+    def get(self, method: str, question_id: str, turn: int = 0) -> dict | None:
+        return self._done.get((method, str(question_id), turn))
+
+    def has(self, method: str, question_id: str, turn: int = 0) -> bool:
+        return (method, str(question_id), turn) in self._done
+
+    def append(self, record: dict) -> None:
+        """One line in one write, unbuffered; a write that fails (a full disk) is cut off again, so the file keeps
+        whole lines only."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        data = (json.dumps(record) + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            try:
+                while data:
+                    data = data[os.write(fd, data):]
+                os.fsync(fd)
+            except OSError as exc:
+                os.ftruncate(fd, size)
+                raise OSError(exc.errno, exc.strerror, str(self.path)) from exc
+        finally:
+            os.close(fd)
+        self.rows.append(record)
+        self._done[record_key(record)] = record
+
+    def frame(self) -> pd.DataFrame:
+        return pd.DataFrame(self.rows)
+
+
+def backbone_reference(label: str) -> str:
+    """The label of plain decoding on the backbone that method `label` verifies with (a Medusa-2 artifact's)."""
+    return f"{BASELINE}@{label}"
+
 
 # eval keys that decide how many prompts run or what is measured on the side, not what a prompt's result is
 NOT_RESULT_KEYS = {"num_prompts", "warmup", "latency_profile", "profile_sizes", "profile_context", "profile_repeats",
