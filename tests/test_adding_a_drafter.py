@@ -56,6 +56,7 @@ def test_a_drafter_defined_outside_the_package_runs_through_the_whole_evaluation
     assert {r["method"] for r in records} == {"autoregressive", "repeat"}
 
 
+@pytest.mark.slow
 def test_its_cost_changes_the_roofline_projection(tmp_path):
     """The declared cost is what the summary prices: without it the same drafter projects faster."""
     target = f"{__name__}.RepeatDrafter"
@@ -72,6 +73,7 @@ def test_its_cost_changes_the_roofline_projection(tmp_path):
 
 
 @pytest.mark.parametrize("hw", ["cpu", "jetson"])
+@pytest.mark.slow
 def test_hardware_aware_hands_the_drafter_the_machines_or_the_boards_latency(hw, tmp_path):
     """tree=hardware_aware: the plan calls Drafter.fit with L(n), measured here (hw=cpu, the machine profile) or
     the board's roofline (jetson)."""

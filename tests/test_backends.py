@@ -46,6 +46,7 @@ def test_prepacked_swaps_every_linear_on_a_copy_and_keeps_the_weights_shared(tin
 
 
 @pytest.mark.parametrize("backend", FAST)
+@pytest.mark.slow
 def test_a_tree_forward_on_the_backend_equals_one_token_forwards_on_the_eager_model(tiny, fast, backend):
     """The tree mask and the path gather into the cache work on the backend: each node's logits equal those of
     eager one-token forwards along its path."""
@@ -66,6 +67,7 @@ def test_a_tree_forward_on_the_backend_equals_one_token_forwards_on_the_eager_mo
 
 
 @pytest.mark.parametrize("backend", FAST)
+@pytest.mark.slow
 def test_greedy_speculation_on_the_backend_equals_its_plain_decoding_and_the_eager_output(tiny, fast, backend):
     def decode(model, drafter, prompt):
         return Decoder(model, drafter, ExactAcceptance(), SamplingParams(), 32, tiny.eos_token_ids,
@@ -182,6 +184,7 @@ def test_a_bad_list_of_backends_to_profile_is_refused_before_any_model_loads(tas
         importlib.import_module(f"specbench.tasks.{task}").run(cfg)
 
 
+@pytest.mark.slow
 def test_a_compiled_quantised_target_decodes_in_two_graphs_and_stays_lossless(tiny):
     """Fused projections trace (dynamo skips their memo; the graph's CSE merges the repeated GEMM), a prefill runs
     eager, and cached tensors are made contiguous before each compiled call, so a whole decode, accepted drafts and

@@ -121,6 +121,7 @@ NEED_USER_PATHS = ("hf", "jsonl", "vicuna_7b", "vicuna_68m", "gpu_medusa1_vicuna
 
 
 @pytest.mark.parametrize("group", ["model", "method", "tree", "accept", "hw", "dataset", "sampling", "experiment"])
+@pytest.mark.slow
 def test_every_shipped_config_passes(group, tmp_path):
     for path in sorted((Path(CONF) / group).glob("*.yaml")):
         if path.stem in NEED_USER_PATHS:  # validated with paths given: above, and tests/test_published.py
@@ -156,6 +157,7 @@ def run(args, run_dir):
     (["model=hf"], "model.path"),
     (["dataset=jsonl", "dataset.path={data}/dup.jsonl"], "question_id"),
 ])
+@pytest.mark.slow
 def test_run_py_prints_one_line_and_loads_nothing(args, key, files, tmp_path):
     proc = run([a.replace("{data}", str(files)) for a in args], tmp_path / "run")
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]

@@ -36,6 +36,7 @@ def test_unknown_choice_names_it_and_the_valid_ones(group, tmp_path):
     assert f"Could not find '{group}/nonexistent'" in proc.stderr and "Available options" in proc.stderr
 
 
+@pytest.mark.slow
 def test_malformed_dataset_line(tmp_path):
     data = tmp_path / "q.jsonl"
     data.write_text(json.dumps({"question_id": 1, "category": "x", "turns": ["hi"]}) + "\n{not json\n")
@@ -44,6 +45,7 @@ def test_malformed_dataset_line(tmp_path):
     assert last_line(proc).startswith("error: dataset file") and "line 2 is malformed" in last_line(proc)
 
 
+@pytest.mark.slow
 def test_empty_dataset(tmp_path):
     data = tmp_path / "empty.jsonl"
     data.write_text("\n")
@@ -51,6 +53,7 @@ def test_empty_dataset(tmp_path):
     assert proc.returncode == 2 and "is empty" in last_line(proc)
 
 
+@pytest.mark.slow
 def test_a_prompt_longer_than_the_context_is_skipped_and_counted(tmp_path):
     data = tmp_path / "long.jsonl"
     rows = [{"question_id": "long", "category": "x", "turns": ["word " * 200]},
@@ -68,6 +71,7 @@ def test_a_prompt_longer_than_the_context_is_skipped_and_counted(tmp_path):
     assert "short (turn 1," in proc.stdout
 
 
+@pytest.mark.slow
 def test_settings_are_checked_before_any_model_or_data_loads(tmp_path):
     proc = run([*TINY, "model=hf", "model.path=/nonexistent/model", "dataset=jsonl", "dataset.path=/nonexistent.jsonl",
                 "eval.max_new_tokens=-5"], tmp_path)
@@ -75,17 +79,20 @@ def test_settings_are_checked_before_any_model_or_data_loads(tmp_path):
     assert last_line(proc) == "error: eval.max_new_tokens=-5 is invalid: it must be an integer >= 1"
 
 
+@pytest.mark.slow
 def test_a_batch_size_of_zero_is_one_clear_line(tmp_path):
     proc = run([*TINY, "eval.batch_size=0"], tmp_path)
     assert proc.returncode == 2 and last_line(proc).startswith("error: eval.batch_size=0 is invalid")
 
 
+@pytest.mark.slow
 def test_an_unknown_method_in_a_methods_list_names_the_valid_ones(tmp_path):
     proc = run([*TINY, "methods=[pld,nonexistent]"], tmp_path)
     assert proc.returncode == 2
     assert "methods entry 'nonexistent' is not a method config; valid:" in last_line(proc) and "medusa" in last_line(proc)
 
 
+@pytest.mark.slow
 def test_tiny_run_end_to_end(tmp_path):
     proc = run([*TINY, "eval.num_prompts=2"], tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -95,6 +102,7 @@ def test_tiny_run_end_to_end(tmp_path):
     assert "pld" in proc.stdout and "autoregressive" in proc.stdout
 
 
+@pytest.mark.slow
 def test_wandb_logger_writes_an_offline_run(tmp_path, monkeypatch):
     """Offline by the logger config alone (no WANDB_MODE): metrics, the plots and records.jsonl as an artifact."""
     monkeypatch.delenv("WANDB_MODE", raising=False)

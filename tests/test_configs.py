@@ -21,6 +21,7 @@ def options(group: str) -> list[str]:
 
 @pytest.mark.parametrize("group", ["model", "method", "tree", "accept", "hw", "dataset", "sampling", "eval",
                                    "logger", "trainer", "experiment"])
+@pytest.mark.slow
 def test_every_option_composes(group, tmp_path):
     for choice in options(group):
         cfg = compose_cfg([f"{group}={choice}"], tmp_path)

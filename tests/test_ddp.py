@@ -36,6 +36,7 @@ def _rank_accuracy_worker(rank: int, world: int, port: int, out: str) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_rank_accuracy_is_the_all_reduced_count(tmp_path):
     mp.spawn(_rank_accuracy_worker, args=(2, 29500 + os.getpid() % 1000, str(tmp_path)), nprocs=2)
     alone = RankAccuracy(groups=2, ranks=4)  # one process that saw every rank's data
@@ -49,6 +50,7 @@ def test_rank_accuracy_is_the_all_reduced_count(tmp_path):
     assert local.rank_probs() != alone.rank_probs()  # so a rank's own shard would have been caught
 
 
+@pytest.mark.slow
 def test_two_process_ddp_training_writes_once(tmp_path):
     n = 12
     args = [sys.executable, "run.py", "task=train", "method=draft_model", "model=tiny_random", "trainer=ddp",

@@ -53,6 +53,7 @@ def distilled(tmp_path_factory, tiny):
     return train(cfg, run)
 
 
+@pytest.mark.slow
 def test_the_exported_draft_rebuilds_and_decodes_losslessly(tiny, distilled):
     drafter = DraftModelDrafter(tiny, DynamicPolicy(budget=7, top_k=2, depth=3),
                                 early_exit_layers=None, checkpoint=distilled["artifact"])

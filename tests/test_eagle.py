@@ -269,12 +269,17 @@ def test_draft_vocabulary_is_the_most_frequent_response_tokens(tiny, tmp_path):
     assert torch.equal(module.head.lm_head.weight, lm_head[d2t])  # the draft head starts as those target rows
 
 
+# samples through the real decode loop (~16 ms each, against test_rejection.py's precomputed ones): fewer than its
+# 3000, and still enough to fail the rule without the residual (test_the_eagle_test_fails_without_the_residual)
+EAGLE_SAMPLES = 1000
+
+
 def eagle_samples(policy: TreePolicy, rule, artifact) -> tuple[float, float]:
     """(TV, bound) of test_rejection.py's test, with the real drafter in the real decode loop."""
     target = rej.lively_tiny(0)
     drafter = EagleDrafter(target, policy, str(artifact), temperature=1.0)
-    samples = torch.empty(rej.SAMPLES, rej.TOKENS, dtype=torch.long)
-    for i in range(rej.SAMPLES):
+    samples = torch.empty(EAGLE_SAMPLES, rej.TOKENS, dtype=torch.long)
+    for i in range(EAGLE_SAMPLES):
         drafter.seed = i  # the draft's own draws, independent of the acceptance's
         gen = decode(target, drafter, rej.PROMPT, rej.TOKENS, rule, rej.SAMPLING, seed=10**6 + i)
         samples[i] = torch.tensor(gen.tokens)
@@ -290,11 +295,13 @@ def sharp_artifact(tmp_path_factory):
 
 @pytest.mark.parametrize("policy", [ChainPolicy(budget=3), DynamicPolicy(budget=5, top_k=2, depth=2)],
                          ids=["sampled chain", "dynamic tree"])
+@pytest.mark.slow
 def test_rejection_sampling_with_eagle_keeps_the_target_distribution(sharp_artifact, policy):
     tv, bound = eagle_samples(policy, RejectionSampling(), sharp_artifact)
-    assert tv < bound, f"{policy.name}: TV {tv:.4f} exceeds the bound {bound:.4f} for {rej.SAMPLES} samples"
+    assert tv < bound, f"{policy.name}: TV {tv:.4f} exceeds the bound {bound:.4f} for {EAGLE_SAMPLES} samples"
 
 
+@pytest.mark.slow
 def test_the_eagle_test_fails_without_the_residual(sharp_artifact):
     tv, bound = eagle_samples(ChainPolicy(budget=3), rej.RejectionWithoutResidual(), sharp_artifact)
     assert tv > bound, f"the broken rule passed (TV {tv:.4f} <= bound {bound:.4f}): the test has no power"
@@ -313,6 +320,7 @@ def test_sampling_draws_children_from_q_and_records_it(target, artifacts):
     assert len(firsts) > 1, "at temperature > 0 the draft must sample, not take its argmax"
 
 
+@pytest.mark.slow
 def test_train_writes_an_artifact_the_drafter_loads_and_decodes_losslessly(tmp_path, tiny):
     cfg = compose_cfg(["method=eagle", *SMALL, "method.train.max_steps=3", "method.draft_vocab=64"], tmp_path)
     summary = train(cfg, tmp_path)

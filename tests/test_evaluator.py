@@ -87,6 +87,7 @@ def test_the_baseline_samples_from_the_target_whatever_rule_the_method_uses(tmp_
     assert {r["accept"] for r in base} == {"exact"}
 
 
+@pytest.mark.slow
 def test_many_methods_run_interleaved_in_one_folder_with_their_own_budgets(tmp_path):
     overrides = [*FAST, "eval.first_turn_only=true", "eval.latency_profile=false",
                  "methods=[pld,{method:pld,label:pld-3,overrides:['tree.budget=3']}]"]
@@ -115,6 +116,7 @@ def test_every_record_and_summary_row_says_where_it_came_from(tmp_path):
     assert summary["method_mem_mb"].notna().all()
 
 
+@pytest.mark.slow
 def test_a_rerun_with_the_same_settings_resumes_and_decodes_nothing(tmp_path, monkeypatch):
     cfg = compose_cfg([*FAST, "eval.latency_profile=false"], tmp_path)
     eval_task.run(cfg)
@@ -397,6 +399,7 @@ def test_a_named_backend_outside_the_profiled_ones_is_measured_beside_them(tmp_p
     assert ("prepacked", "float32", "fp") in measured and ("eager", "bfloat16", "fp") in measured
 
 
+@pytest.mark.slow
 def test_a_run_that_chooses_nothing_profiles_only_its_own_execution(tmp_path, monkeypatch):
     """A fixed backend and dtype without the fastest plain decoding need L(n) of that execution alone (here for the
     hardware-aware tree): profiling every dtype made the H100's compiled run spend its time compiling three."""

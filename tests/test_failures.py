@@ -167,6 +167,7 @@ main()
 """
 
 
+@pytest.mark.slow
 def test_a_full_disk_is_one_line_keeping_the_records_and_the_rerun_resumes(tmp_path):
     folder = tmp_path / "run"
     args = [*RUN, f"hydra.run.dir={folder}"]
@@ -204,6 +205,7 @@ main()
 """
 
 
+@pytest.mark.slow
 def test_ctrl_c_is_one_line_saying_what_was_kept_and_the_exact_rerun(tmp_path):
     folder = tmp_path / "run"
     args = [*RUN, "eval.num_prompts=20", "eval.max_new_tokens=64"]
@@ -228,6 +230,7 @@ def test_ctrl_c_is_one_line_saying_what_was_kept_and_the_exact_rerun(tmp_path):
     assert len(keys) == len(set(keys)) == 40
 
 
+@pytest.mark.slow
 def test_report_with_a_bad_folder_and_no_experiment_is_one_line(tmp_path):
     proc = user_run(["task=report", f"report.run={tmp_path / 'nowhere'}", f"hydra.run.dir={tmp_path / 'r'}"])
     _, err = proc.communicate(timeout=300)

@@ -101,6 +101,7 @@ def test_hw_cuda_without_a_gpu_stops_in_activate():
         hw.figure("peak_tflops")
 
 
+@pytest.mark.slow
 def test_bad_hw_input_ends_in_one_error_line_from_the_cli(tmp_path):
     done = subprocess.run([sys.executable, "run.py", "task=hardware", "hw=jetson", "hw.partition=ring",
                            f"hydra.run.dir={tmp_path}"], cwd=ROOT,

@@ -98,6 +98,7 @@ def test_untied_heads_start_as_the_lm_head(tiny):
 
 
 @pytest.mark.parametrize("tie", [True, False])
+@pytest.mark.slow
 def test_tied_and_untied_artifacts_load_and_decode_losslessly(tmp_path, tiny, tie):
     cfg = compose_cfg(["method=medusa", *SMALL, "method.train.max_steps=2",
                        f"method.train.module.tie_lm_head={str(tie).lower()}"], tmp_path)
@@ -161,6 +162,7 @@ def test_medusa2_decodes_with_its_tuned_backbone_losslessly(tiny, medusa2_artifa
 
 
 @pytest.mark.parametrize("backend", ["eager", "prepacked"])
+@pytest.mark.slow
 def test_the_evaluator_checks_medusa2_against_its_own_backbone(tmp_path, medusa2_artifact, backend):
     """On a fast backend too: the adapter is merged into a copy of the eager target, which then runs on the backend."""
     cfg = compose_cfg(["model=tiny_random", f"model.backend={backend}", "eval.dtype=float32", "eval.num_prompts=3", "eval.max_new_tokens=24",

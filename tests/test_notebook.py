@@ -18,6 +18,7 @@ TINY = ["model=tiny_random", "eval.num_prompts=2", "eval.max_new_tokens=8", "eva
         "eval.latency_profile=false", "eval.fastest_ar=false", "eval.memory_probe=false", "eval.first_turn_only=true"]
 
 
+@pytest.mark.slow
 def test_notebook_executes_and_groups_runs_by_provenance(tmp_path, monkeypatch):
     for dtype in ("float32", "bfloat16"):  # two setups that must not be pooled
         eval_task.run(compose_cfg([*TINY, f"eval.dtype={dtype}"], tmp_path / "outputs" / "eval" / dtype))

@@ -57,6 +57,7 @@ def labels_of(fig):
     return out
 
 
+@pytest.mark.slow
 def test_a_run_writes_every_plot_as_png_and_pdf(run, tmp_path):
     records, summary, settings, profile = run
     pngs = plots.save_plots(records, summary, tmp_path, profile, settings)
@@ -66,6 +67,7 @@ def test_a_run_writes_every_plot_as_png_and_pdf(run, tmp_path):
         assert png.read_bytes()[:4] == b"\x89PNG" and png.with_suffix(".pdf").read_bytes()[:4] == b"%PDF"
 
 
+@pytest.mark.slow
 def test_the_budget_comes_from_the_run_folders_settings(run, tmp_path):
     records, summary, settings, profile = run
     (tmp_path / "settings.json").write_text(json.dumps(settings))

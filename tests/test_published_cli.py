@@ -71,6 +71,7 @@ def run(args: list[str], run_dir: Path) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.slow
 def test_a_published_layout_runs_end_to_end_losslessly(tmp_path, layout):
     folder = tmp_path / layout
     args = LAYOUTS[layout](folder)
@@ -143,6 +144,7 @@ MISMATCHES = {
 
 
 @pytest.mark.parametrize("case", list(MISMATCHES))
+@pytest.mark.slow
 def test_a_checkpoint_that_is_not_the_runs_is_one_line(tmp_path, case):
     make, *expected = MISMATCHES[case]
     folder = tmp_path / "ckpt"

@@ -43,6 +43,7 @@ SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536), (960, 576), (3072, 5
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("weights,group_size", FORMATS)
+@pytest.mark.slow
 def test_each_kernel_computes_every_row_of_a_tree_as_it_computes_that_row_alone(weights, group_size, dtype):
     """Row i of an n-row product equals the 1-row product of row i, bitwise, for every size a tree verify or a
     prefill passes (the kernels block rows by 4: sizes around each block edge included)."""
@@ -185,6 +186,7 @@ def test_greedy_pld_on_the_quantised_target_equals_its_own_plain_decoding(tiny, 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("weights,group_size", [("fp", 32), *FORMATS])
+@pytest.mark.slow
 def test_fused_projections_change_no_logit(tiny, weights, group_size, dtype):
     """q/k/v and gate/up fused into one GEMM each give the separate layers' logits bitwise (int8, int4) or, for
     eager float GEMMs, the same tokens; the memo serves each part once per input and recomputes otherwise."""

@@ -146,6 +146,7 @@ def test_rejection_matches_autoregressive_distribution(tables, case):
 
 
 @pytest.mark.parametrize("backend", ["prepacked", "compile"])
+@pytest.mark.slow
 def test_rejection_matches_autoregressive_distribution_on_the_fast_backends(backend):
     """The same test with both tables computed by the target and draft run on a fast execution backend."""
     target = lively_tiny(0)

@@ -233,6 +233,7 @@ def hold_lock(folder: Path):
     return fh
 
 
+@pytest.mark.slow
 def test_a_second_run_into_a_locked_folder_stops_with_one_line(tmp_path):
     folder = tmp_path / "run"
     with hold_lock(folder):

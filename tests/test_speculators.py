@@ -88,6 +88,7 @@ def recorded_trees(drafter, target, prompts=PROMPTS, n=24) -> list[list[int]]:
 
 @pytest.mark.parametrize("norm_before_residual,norm_output", [(False, False), (True, True)],
                          ids=["eagle3", "norm_before_residual+norm_output"])
+@pytest.mark.slow
 def test_a_speculators_folder_drafts_what_speculators_computes_and_specbench_heads_draft(
         tmp_path, target, norm_before_residual, norm_output):
     published, config, state = eagle3_folder(tmp_path / "safeailab", target, DRAFT_IDS, "model.safetensors")

@@ -151,6 +151,7 @@ def test_the_default_datastore_is_built_on_first_use_and_reused(tiny, prompts, t
     assert decode(tiny, drafter, prompts[0]).tokens == ar.tokens
 
 
+@pytest.mark.slow
 def test_a_run_that_builds_the_datastore_resumes_into_its_own_folder(tmp_path, monkeypatch):
     """The datastore a run builds on first use is fingerprinted in its settings as built: a rerun into the same
     folder resumes instead of being refused for a datastore that was 'missing' when the settings were written."""
@@ -196,6 +197,7 @@ def test_bad_knobs_name_the_value_and_what_is_valid(tiny, knob, value, valid):
         SSSDDrafter(tiny, NativePolicy(8), **{"sources": ["input"], knob: value})
 
 
+@pytest.mark.slow
 def test_task_datastore_end_to_end(tiny, tmp_path, monkeypatch):
     """`python run.py task=datastore` on the tiny model: it saves an index the drafter then finds by default."""
     env = dict(os.environ, HF_HUB_OFFLINE="1", SPECBENCH_CACHE=str(tmp_path / "cache"))

@@ -28,6 +28,7 @@ def test_sharegpt_salvages_the_truncated_file_and_marks_assistant_tokens(tiny):
 
 
 @pytest.mark.parametrize("method", ["medusa", "ppd"])
+@pytest.mark.slow
 def test_train_exports_an_artifact_the_drafter_loads(method, tmp_path, tiny):
     cfg = compose_cfg([f"method={method}", "method.train.max_steps=2", *SMALL], tmp_path)
     summary = train(cfg, tmp_path)
@@ -54,6 +55,7 @@ class FirstStep(L.Callback):
         self.seen = getattr(self, "seen", trainer.global_step)
 
 
+@pytest.mark.slow
 def test_interrupted_training_resumes_from_the_saved_step(tmp_path):
     cfg = compose_cfg(["method=medusa", *SMALL, "method.train.epochs=3"], tmp_path)
     with pytest.raises(RuntimeError, match="simulated interruption"):

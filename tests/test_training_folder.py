@@ -62,6 +62,7 @@ def test_a_rerun_with_other_settings_is_refused_naming_the_keys(folder, override
     assert "method.train.resume=false" in message
 
 
+@pytest.mark.slow
 def test_the_command_line_refuses_with_one_error_line(folder):
     proc = subprocess.run([sys.executable, "run.py", "task=train", *DONE, "method.train.module.lr=0.01",
                            f"hydra.run.dir={folder}"], cwd=ROOT, capture_output=True, text=True, timeout=300,
@@ -79,6 +80,7 @@ def test_settings_that_shape_no_weights_resume(folder, monkeypatch):
     assert summary["global_step"] == 2
 
 
+@pytest.mark.slow
 def test_resume_false_starts_over_and_keeps_the_earlier_training(folder, monkeypatch, caplog):
     monkeypatch.undo()
     old = (folder / "medusa.safetensors").read_bytes()
@@ -122,6 +124,7 @@ def test_a_run_that_trains_nothing_exports_nothing(tmp_path, caplog):
     assert "method.train.max_steps=0: trained nothing, so no artifact is written" in caplog.text
 
 
+@pytest.mark.slow
 def test_a_fit_killed_with_sigkill_resumes_from_last_ckpt_and_finishes(tmp_path):
     run = [sys.executable, "run.py", "task=train", "method=medusa", *SMALL, "method.train.data.num_conversations=40",
            "method.train.data.max_length=256", "method.train.max_steps=10", "trainer.enable_progress_bar=false",

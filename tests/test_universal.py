@@ -146,6 +146,7 @@ def test_text_bridge_continues_the_committed_text_exactly(target, merged_draft):
     assert bridge.to_draft(ours("abc ef")["input_ids"]) == target.tokenizer("abc ef")["input_ids"]
 
 
+@pytest.mark.slow
 def test_rejection_sampling_with_a_draft_of_another_tokenizer_keeps_the_distribution():
     """test_rejection.py's TV test with the real drafter: the draft has its own tokenizer (the target's 8 tokens
     under other ids, with noise), so its chains reach the target only through text."""

@@ -12,8 +12,8 @@ import pandas as pd
 import yaml
 from hydra.experimental.callback import Callback
 
-from specbench.reporting.paper_table import report_after_run
-from specbench.reporting.plots import save_sweep_plots
+# plots and paper_table are imported where a multirun ends: Hydra instantiates this callback at the start of every run,
+# and their imports (matplotlib, the drafters) would delay even a one-line refusal of a bad setting
 
 
 def sweep_summary(sweep_dir: str | Path) -> pd.DataFrame | None:
@@ -38,6 +38,8 @@ def sweep_summary(sweep_dir: str | Path) -> pd.DataFrame | None:
              if len({job.get(k) for job in jobs}) > 1 and k in table and k != "method"]
     numeric = [k for k in swept if pd.to_numeric(table[k], errors="coerce").notna().all()]
     if numeric:
+        from specbench.reporting.plots import save_sweep_plots
+
         save_sweep_plots(table, sweep_dir, numeric[0], [k for k in swept if k != numeric[0]])
     return table
 
@@ -52,5 +54,7 @@ class SweepSummary(Callback):
     def on_multirun_end(self, config, **kwargs) -> None:
         """The sweep's table and plots, and a seed experiment's report (our numbers beside the paper's) from them."""
         if sweep_summary(config.hydra.sweep.dir) is not None and config.get("report"):
+            from specbench.reporting.paper_table import report_after_run
+
             command = " ".join(["python run.py -m", *config.hydra.overrides.task])
             report_after_run(config.report, config.hydra.sweep.dir, command)
