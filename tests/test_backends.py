@@ -152,7 +152,7 @@ def test_auto_runs_on_the_profiles_cheapest_verify_and_judges_it_against_the_fas
     cost = {("eager", "float32"): lambda n: 50 + 5 * n, ("prepacked", "float32"): lambda n: 40 + 1 * n,
             ("eager", "bfloat16"): lambda n: 25 + 15 * n}
     rows = [{"backend": b, "dtype": d, "context": c, "tokens": n, "ms": float(f(n))}
-            for (b, d), f in cost.items() for c in (128, 1024) for n in (1, 2, 4, 8, 16, 32, 64)]
+            for (b, d), f in cost.items() for c in (128, 256, 1024) for n in (1, 2, 4, 8, 16, 32, 64)]
     peaks = {"peak_tflops": {"float32": 0.1, "bfloat16": 0.1}, "mem_bandwidth_gbs": 10.0, "layer_overhead_ms": 0.1,
              "memory_gb": 8.0}
     profile = MachineProfile({**machine_info(), "unsupported": {"prepacked/bfloat16": "not here"}}, "cpu",

@@ -206,7 +206,7 @@ def hand_made_profile(fast_small: str, fast_large: str):
     (as bf16 and fp32 trade places on an AVX2 CPU without native bf16)."""
     rows = []
     for dtype in ("float32", "bfloat16"):
-        for context in (128, 1024):
+        for context in (128, 256, 1024):
             for n in (1, 2, 4, 8, 16, 32, 64):
                 ms = 30 + 15 * (n - 1) if dtype == fast_small else 50 + 1.0 * n  # slope vs flat
                 rows.append({"dtype": dtype, "context": context, "tokens": n, "ms": float(ms)})

@@ -9,8 +9,10 @@ import os
 import numpy as np
 import pandas as pd
 import pytest
+from omegaconf import OmegaConf
 
 from specbench.errors import SpecbenchError
+from specbench.files import write_atomic
 from specbench.hardware.measured import machine_profile
 from specbench.hardware.measured.machine import fingerprint
 from specbench.hardware.measured.machine_profile import (
@@ -21,7 +23,6 @@ from specbench.hardware.measured.machine_profile import (
     measured_peaks,
     profile_path,
 )
-from specbench.files import write_atomic
 
 PEAKS = {"peak_tflops": {"float32": 0.2}, "mem_bandwidth_gbs": 40.0, "layer_overhead_ms": 0.1, "memory_gb": 16.0}
 SIZES, CONTEXTS = [1, 4], [8, 16]
@@ -75,6 +76,29 @@ def test_a_quantised_execution_slower_at_both_ends_is_recorded_not_measured(tiny
     load_or_measure_profile(tiny, dtypes=["float32"], sizes=SIZES, contexts=CONTEXTS, repeats=1, backends=["eager"],
                             weights=formats)
     assert len(measuring) == 4  # the reason counts as known: nothing is measured again
+
+
+def test_a_longer_run_adds_a_context_and_each_executions_grid_stays_whole(tiny, measuring):
+    """A first look measures short contexts at small sizes; a later run needing a longer context (at fewer sizes)
+    measures it at every size cached too: a grid missing (n, context) pairs could not be read back."""
+    load_or_measure_profile(tiny, dtypes=["float32"], sizes=[1, 4], contexts=[8], repeats=1, backends=["eager"])
+    longer = load_or_measure_profile(tiny, dtypes=["float32"], sizes=[1], contexts=[8, 16], repeats=1,
+                                     backends=["eager"])
+    assert set(zip(longer.latency["tokens"], longer.latency["context"])) == {(1, 8), (4, 8), (1, 16), (4, 16)}
+    again = MachineProfile.from_json(profile_path(tiny.name, "cpu").read_text())  # read back whole
+    assert again.covers(["float32"], [1, 4], [8, 16])
+
+
+def test_a_run_measures_the_contexts_up_to_the_first_that_holds_its_own():
+    from specbench.evaluation.plan import profile_contexts
+
+    cfg = OmegaConf.create({"eval": {"profile_contexts": [1024, 128, 256], "profile_context": 128,
+                                     "max_new_tokens": 32}})
+    assert profile_contexts(cfg) == [128, 256]  # a first look reads no L(n) at 1024
+    cfg.eval.max_new_tokens = 512
+    assert profile_contexts(cfg) == [128, 256, 1024]
+    cfg.eval.max_new_tokens = 4096
+    assert profile_contexts(cfg) == [128, 256, 1024]  # beyond the largest: extrapolated from it
 
 
 def test_a_run_that_asks_for_more_executions_measures_only_the_new_ones(tiny, measuring, monkeypatch, capsys):

@@ -286,7 +286,7 @@ def test_auto_runs_the_quantised_target_the_profile_finds_cheapest_and_judges_it
             ("eager", "float32", "int4_g32"): lambda n: 20 + 5 * n}
     cost |= {("eager", "bfloat16", w): lambda n: 500 + n for w in ("fp", "int8", "int4_g32")}  # never chosen
     rows = [{"backend": b, "dtype": d, "weights": w, "context": c, "tokens": n, "ms": float(f(n))}
-            for (b, d, w), f in cost.items() for c in (128, 1024) for n in (1, 2, 4, 8, 16, 32, 64)]
+            for (b, d, w), f in cost.items() for c in (128, 256, 1024) for n in (1, 2, 4, 8, 16, 32, 64)]
     peaks = {"peak_tflops": {"float32": 0.1}, "mem_bandwidth_gbs": 10.0, "layer_overhead_ms": 0.1, "memory_gb": 8.0}
     profile = MachineProfile(machine_info(), "cpu", "tiny_random", peaks, pd.DataFrame(rows))
     profile_path("tiny_random", "cpu").parent.mkdir(parents=True)

@@ -107,7 +107,8 @@ def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Pat
         backends = list(dict.fromkeys([*req.profile_backends, backend])) if cfg.eval.fastest_ar else [backend]
     dtypes = None if cfg.eval.dtype == AUTO or cfg.eval.fastest_ar else [cfg.eval.dtype]
     weights, formats = run_weights(cfg)
-    machine = load_or_measure_profile(loaded, dtypes=dtypes, sizes=profile_sizes(cfg, req.trees), backends=backends,
+    machine = load_or_measure_profile(loaded, dtypes=dtypes, sizes=profile_sizes(cfg, req.trees),
+                                      contexts=profile_contexts(cfg), backends=backends,
                                       weights=formats) if wants_profile else None
     context = cfg.eval.profile_context + cfg.eval.max_new_tokens / 2
     execution = plan(cfg.eval.dtype, backend, machine, float(np.mean([t.budget for t in req.trees])), context,
@@ -173,6 +174,16 @@ def profile_sizes(cfg, trees) -> list[int]:
     sizes = sorted({1, *cfg.eval.profile_sizes})
     need = max(t.budget for t in trees)
     return list(dict.fromkeys([s for s in sizes if s < need] + [next((s for s in sizes if s >= need), sizes[-1])]))
+
+
+def profile_contexts(cfg) -> list[int]:
+    """eval.profile_contexts up to the first that holds the run's own context (profile_context + max_new_tokens):
+    a first look at 32 new tokens reads no L(n) at 1024, which would be a third of its first run. A longer run
+    measures the rest (the profile keeps what it has)."""
+    contexts = sorted(set(cfg.eval.profile_contexts))
+    need = cfg.eval.profile_context + cfg.eval.max_new_tokens
+    holds = next((c for c in contexts if c >= need), contexts[-1])
+    return list(dict.fromkeys([c for c in contexts if c < need] + [holds]))
 
 
 def latency_curve(hw: HardwareSpec, machine: MachineProfile | None, target: LoadedModel, execution: ExecutionPlan,

@@ -2,7 +2,7 @@
 per fingerprint, printed, and set against the roofline of the measured peaks; and how closely each quantised
 target follows the float one (teacher-forced greedy agreement and perplexity on held-out ShareGPT conversations).
 
-Contexts default to 128 and 1024 (`eval.profile_contexts=[128,512,1024,2048]` widens them); backends are
+Contexts default to 128, 256 and 1024 (`eval.profile_contexts=[128,512,1024,2048]` widens them); backends are
 eval.profile_backends under model.backend=auto, else model.backend beside eager (the reference); weights are
 eval.profile_weights (and model.weights)."""
 

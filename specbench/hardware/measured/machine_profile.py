@@ -44,7 +44,7 @@ from specbench.execution.quantize import supported as weights_supported
 from specbench.models.shape import ModelShape
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
-CONTEXTS = (128, 1024)
+CONTEXTS = (128, 256, 1024)
 
 
 def default_dtypes(device: torch.device | str) -> tuple[str, ...]:
@@ -408,6 +408,9 @@ def _measure_profile(target: LoadedModel, path: Path, dtypes, sizes, contexts, r
     compile_s = dict(cached.compile_seconds or {}) if cached is not None else {}
     todo = [(fmt, name, backend) for fmt in weights for name in dtypes for backend in backends
             if cached is None or not cached.covers([name], sizes, contexts, [backend], [fmt])]
+    if cached is not None:  # what is measured anew spans the cached grid too, so each execution's grid stays whole
+        sizes = sorted({*sizes, *cached.latency["tokens"].astype(int)})
+        contexts = sorted({*contexts, *cached.latency["context"].astype(int)})
     kept = len(cached.executions) if cached is not None else 0
     print(f"measuring this machine's profile of {target.name} once ({len(todo)} execution(s): "
           f"{', '.join(Execution(b, d, w).label for w, d, b in todo)}; minutes{f'; {kept} cached' if kept else ''}), "
