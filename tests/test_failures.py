@@ -152,19 +152,25 @@ def test_a_record_that_fills_the_disk_leaves_whole_lines_only(tmp_path, monkeypa
     assert store.path.read_bytes() == before and not store.has("a", "2")
 
 
-CLI = """import errno, os, sys
+def cli_with_append(imports: str, append: str) -> str:
+    """`python -c` source running the CLI as run.py does, with RecordStore.append replaced by `append` (its body, which
+    may call `real(self, record)` and count `calls`)."""
+    return f"""import sys, {imports}
 from specbench.evaluation import run_folder
 real, calls = run_folder.RecordStore.append, []
 def append(self, record):
-    calls.append(1)
-    if len(calls) == 3:
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
-    real(self, record)
+{append}
 run_folder.RecordStore.append = append
 sys.argv = ["run.py", *sys.argv[1:]]
 from specbench.cli import main
 main()
 """
+
+
+CLI = cli_with_append("errno, os", """    calls.append(1)
+    if len(calls) == 3:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self.path))
+    real(self, record)""")
 
 
 @pytest.mark.slow
@@ -189,20 +195,11 @@ def test_a_full_disk_is_one_line_keeping_the_records_and_the_rerun_resumes(tmp_p
 # Ctrl-C lands mid-run however busy the machine is. SIGINT as a terminal has it: pytest-xdist's workers ignore SIGINT,
 # and a child inherits an ignored signal (Python then installs no KeyboardInterrupt handler), so under `-n auto` the
 # run ignored Ctrl-C and finished with 0
-SLOW_CLI = """import signal, sys, time
-signal.signal(signal.SIGINT, signal.default_int_handler)
-from specbench.evaluation import run_folder
-real, calls = run_folder.RecordStore.append, []
-def append(self, record):
+SLOW_CLI = "import signal\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n" + cli_with_append("time", """\
     real(self, record)
     calls.append(1)
     if len(calls) == 2:
-        time.sleep(300)
-run_folder.RecordStore.append = append
-sys.argv = ["run.py", *sys.argv[1:]]
-from specbench.cli import main
-main()
-"""
+        time.sleep(300)""")
 
 
 @pytest.mark.slow
