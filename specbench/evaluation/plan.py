@@ -178,8 +178,8 @@ def profile_sizes(cfg, trees) -> list[int]:
 
 def profile_contexts(cfg) -> list[int]:
     """eval.profile_contexts up to the first that holds the run's own context (profile_context + max_new_tokens):
-    a first look at 32 new tokens reads no L(n) at 1024, which would be a third of its first run. A longer run
-    measures the rest (the profile keeps what it has)."""
+    a first look at 32 new tokens reads no L(n) at 1024, the costliest context to measure. A longer run measures the
+    rest (the profile keeps what it has)."""
     contexts = sorted(set(cfg.eval.profile_contexts))
     need = cfg.eval.profile_context + cfg.eval.max_new_tokens
     holds = next((c for c in contexts if c >= need), contexts[-1])
