@@ -1,6 +1,6 @@
 """Writing files so that nothing already written is lost: a folder checked writable before the work that fills it,
-and files replaced whole. Every room that keeps files (the run folder, the machine profile, the training folder, the
-GGUF cache) writes through these two."""
+and files replaced whole. The run folder, the machine profile, the training folder and the quality cache write
+through them; the GGUF cache checks its folder with check_writable."""
 
 from __future__ import annotations
 

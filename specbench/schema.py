@@ -53,9 +53,10 @@ MISSING_HINTS = {
 }
 
 
-def setting(low=None, high=None, choices=None):
-    """A schema field: the range or choices a value must keep (the defaults live in conf/)."""
-    return field(metadata={"low": low, "high": high, "choices": choices})
+def setting(low=None, high=None, choices=None, nonempty=False):
+    """A schema field: the range or choices a value must keep, and for a list whether it needs an item (the defaults
+    live in conf/)."""
+    return field(metadata={"low": low, "high": high, "choices": choices, "nonempty": nonempty})
 
 
 @dataclass
@@ -82,7 +83,7 @@ class EvalSchema:
     latency_profile: bool = setting()
     profile_sizes: list[int] = setting(low=1)
     profile_context: int = setting(low=1)
-    profile_contexts: list[int] = setting(low=1)
+    profile_contexts: list[int] = setting(low=1, nonempty=True)
     profile_repeats: int = setting(low=1)
     profile_backends: list[str] = setting(choices=list(BACKENDS))
     profile_weights: list[str] = setting(choices=list(FORMATS))
@@ -262,6 +263,8 @@ def check_schema(prefix: str, values: dict, schema, high: dict | None = None) ->
             raise SpecbenchError(f"{key} is not a setting; valid keys of {prefix}: {', '.join(specs)}")
         check_type(key, value, hints[name])
         meta = specs[name].metadata
+        if meta.get("nonempty") and value == []:
+            raise SpecbenchError(f"{key}=[] is invalid: it must be a list of at least one item")
         bound, why = (high or {}).get(name, (meta.get("high"), None))
         check_range(key, value, meta.get("low"), bound, meta.get("choices"), why)
 

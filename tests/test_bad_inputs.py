@@ -55,6 +55,7 @@ CASES = [
     (["eval.latency_profile=abc"], "eval.latency_profile='abc' is invalid: it must be true or false"),
     (["eval.profile_sizes=abc"], "eval.profile_sizes='abc' is invalid: it must be a list of integers"),
     (["eval.profile_sizes=[1,0]"], "eval.profile_sizes=[1, 0] is invalid: it must be an integer >= 1"),
+    (["eval.profile_contexts=[]"], "eval.profile_contexts=[] is invalid: it must be a list of at least one item"),
     (["eval.profile_context=abc"], "eval.profile_context='abc' is invalid: it must be an integer"),
     (["eval.profile_contexts=[128,x]"], "eval.profile_contexts=[128, 'x'] is invalid: it must be a list of integers"),
     (["eval.profile_repeats=0"], "eval.profile_repeats=0 is invalid: it must be an integer >= 1"),

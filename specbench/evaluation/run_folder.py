@@ -161,9 +161,9 @@ def backbone_reference(label: str) -> str:
 
 
 # eval keys that decide how many prompts run or what is measured on the side, not what a prompt's result is
-NOT_RESULT_KEYS = {"num_prompts", "warmup", "latency_profile", "profile_sizes", "profile_context", "profile_repeats",
-                   "memory_probe", "fastest_ar", "profile_backends", "profile_weights", "profile_agreement",
-                   "plain_executions", "quality", "engines", "engine_options"}  # an engine's own settings are its row's
+NOT_RESULT_KEYS = {"num_prompts", "warmup", "latency_profile", "profile_sizes", "profile_context", "profile_contexts",
+                   "profile_repeats", "memory_probe", "fastest_ar", "profile_backends", "profile_weights",
+                   "profile_agreement", "plain_executions", "quality", "engines", "engine_options"}  # an engine's own settings are its row's
 
 
 def shared_settings(cfg: DictConfig, dtype: str, backend: str, weights: str = "fp", attention: str = "sdpa") -> dict:

@@ -414,8 +414,8 @@ def _measure_profile(target: LoadedModel, path: Path, dtypes, sizes, contexts, r
     kept = len(cached.executions) if cached is not None else 0
     print(f"measuring this machine's profile of {target.name} once ({len(todo)} execution(s): "
           f"{', '.join(Execution(b, d, w).label for w, d, b in todo)}; minutes{f'; {kept} cached' if kept else ''}), "
-          f"L(n) for n up to {max(sizes)} at contexts {', '.join(map(str, sorted(contexts)))} (what this run's "
-          f"choices read; a run that needs more, or task=profile, measures the rest), cached at {path}")
+          f"L(n) for n up to {max(sizes)} at contexts {', '.join(map(str, sorted(contexts)))} (more sizes and "
+          f"contexts are measured when a run needs them, or by task=profile), cached at {path}")
     load_before = os.getloadavg()[0]
     peaks = cached.peaks if cached is not None else measure_peaks(device)
     for fmt in dict.fromkeys(w for w, _, _ in todo):
