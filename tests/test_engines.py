@@ -174,6 +174,49 @@ def test_llama_cpp_decodes_the_smollm2_gguf_beside_our_plain_decoding(tmp_path):
     assert summary.loc["llama_cpp", "tau"] == pytest.approx(1.0)
 
 
+OPENVINO = importlib.util.find_spec("openvino_genai") is None or importlib.util.find_spec("nncf") is None
+
+
+@pytest.mark.skipif(OPENVINO, reason="openvino-genai or nncf is not installed")
+def test_openvino_genai_decodes_an_ir_exported_here_as_our_plain_decoding_in_fp32(tmp_path, monkeypatch):
+    """The stateful IR exported from the tiny target in fp32: GenAI's plain decoding and its prompt lookup give our
+    plain decoding's tokens; the IR is exported once and then read from the cache."""
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    overrides = [*FAST, "methods=[pld]", "eval.engines=[openvino,openvino:prompt_lookup]",
+                 "eval.engine_options.openvino.weights=fp32", "eval.engine_options.threads=1"]
+    summary = eval_task.run(compose_cfg(overrides, tmp_path / "run")).set_index("method")
+    for label in ("openvino", "openvino:prompt_lookup"):
+        row = summary.loc[label]
+        assert row["agreement"] == 1.0 and row["weights"] == "fp32" and row["threads"] == 1, label
+    assert summary.loc["openvino", "tau"] == pytest.approx(1.0)
+    assert summary.loc["openvino:prompt_lookup", "tau"] > 1.0  # the tiny model repeats itself: lookup accepts
+    exported = list((tmp_path / "cache" / "openvino").iterdir())
+    assert [p.name.endswith("-fp32") for p in exported] == [True]  # one IR, shared by both rows
+    stamp = (exported[0] / "openvino_model.xml").stat().st_mtime_ns
+    eval_task.run(compose_cfg([*overrides, "eval.num_prompts=3"], tmp_path / "run"))  # resumes: a third prompt
+    assert (exported[0] / "openvino_model.xml").stat().st_mtime_ns == stamp  # read from the cache, not exported again
+
+
+@pytest.mark.skipif(OPENVINO, reason="openvino-genai or nncf is not installed")
+def test_openvino_weights_and_models_it_cannot_export_are_one_line_before_any_model_loads(tmp_path, monkeypatch):
+    monkeypatch.setattr(eval_task, "setup_target", lambda cfg: pytest.fail("a model loaded"))
+    with pytest.raises(SpecbenchError, match=r"^eval.engine_options.openvino.weights='int3' is invalid: give fp32, "
+                                             r"fp16, int8 or int4_g<group>"):
+        eval_task.run(compose_cfg([*FAST, "eval.engines=[openvino]", "eval.engine_options.openvino.weights=int3"],
+                                  tmp_path))
+    with pytest.raises(SpecbenchError, match=r"weights=int4_g100 is invalid for this model: the group must divide "
+                                             r"every linear's input width \(576, 1536\)"):
+        eval_task.run(compose_cfg(["model=smollm2_135m", *FAST[1:], "eval.engines=[openvino]",
+                                   "eval.engine_options.openvino.weights=int4_g100"], tmp_path))
+    from transformers import Gemma3TextConfig
+
+    from specbench.engines.openvino import check_exportable
+
+    with pytest.raises(SpecbenchError, match="cannot export model gemma: its layers are full_attention, "
+                                             "sliding_attention with a sliding window"):
+        check_exportable(Gemma3TextConfig(), "gemma")
+
+
 @pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None, reason="llama-cpp-python is not installed")
 def test_a_llama_build_that_crashes_batched_falls_back_to_serial_prefill_or_is_left_out(monkeypatch):
     from specbench.engines import llama_cpp as engine

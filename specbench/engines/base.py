@@ -1,4 +1,4 @@
-"""What an engine row is: an engine users would deploy instead (llama.cpp, transformers' generate), decoding the
+"""What an engine row is: an engine users would deploy instead (llama.cpp, OpenVINO GenAI, transformers' generate), decoding the
 run's prompt ids itself, greedy, to the run's token budget, timed like a method (prefill apart, one step per target
 forward), so its records read like any method's.
 
@@ -40,7 +40,7 @@ class EngineContext:
 
 
 class Engine(ABC):
-    name: str  # the engine (llama_cpp, transformers)
+    name: str  # the engine (llama_cpp, openvino, transformers)
     mode: str  # plain, or one of its own speculative modes
     max_new_tokens: int
     eos: set[int]

@@ -20,6 +20,7 @@ class EngineKind:
     package: str  # its pip name
     modes: tuple[str, ...]  # plain first, then its own speculative modes
     builder: str  # MODULE:FUNCTION(mode, EngineContext) -> Engine
+    also: tuple[str, ...] = ()  # further imports it needs, installed with it by the engines extra
 
 
 ENGINES: dict[str, EngineKind] = {
@@ -27,6 +28,8 @@ ENGINES: dict[str, EngineKind] = {
                                "specbench.engines.hf:build"),
     "llama_cpp": EngineKind("llama_cpp", "llama-cpp-python", (PLAIN, "prompt_lookup", "draft"),
                             "specbench.engines.llama_cpp:build"),
+    "openvino": EngineKind("openvino_genai", "openvino-genai", (PLAIN, "prompt_lookup"),
+                           "specbench.engines.openvino:build", also=("openvino_tokenizers", "nncf")),
 }
 
 
@@ -54,9 +57,11 @@ def parse_engines(entries) -> list[EngineEntry]:
         kind = ENGINES.get(engine)
         if kind is None or (mode and mode not in kind.modes) or mode == PLAIN:
             raise SpecbenchError(f"eval.engines entry '{text}' is not an engine; valid: {_known()}")
-        if importlib.util.find_spec(kind.module) is None:
-            raise SpecbenchError(f"eval.engines entry '{text}' needs {kind.package}, which is not installed: "
-                                 f"{INSTALL}")
+        missing = [m for m in (kind.module, *kind.also) if importlib.util.find_spec(m) is None]
+        if missing:
+            raise SpecbenchError(f"eval.engines entry '{text}' needs {kind.package}"
+                                 f"{' (' + ', '.join(missing) + ')' if missing != [kind.module] else ''}, which is not "
+                                 f"installed: {INSTALL}")
         if text in {e.label for e in out}:
             raise SpecbenchError(f"eval.engines lists '{text}' twice")
         out.append(EngineEntry(text, engine, mode or PLAIN))

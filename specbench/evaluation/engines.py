@@ -22,7 +22,7 @@ from specbench.engines.registry import EngineEntry, builder, parse_engines
 from specbench.errors import SpecbenchError
 from specbench.evaluation.evaluator import MethodRun
 from specbench.evaluation.metrics import BASELINE, decoded
-from specbench.models.loading import LoadedModel, resolve_path
+from specbench.models.loading import LoadedModel, read_config, resolve_path
 from specbench.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,12 @@ def requested(cfg, sampling: SamplingParams, method_labels: list[str]) -> list[E
             raise SpecbenchError(f"eval.engines entry '{entry.label}' decodes the model's GGUF file itself, and "
                                  f"model.path={path!r} is none; give a model shipped as a .gguf (model=smollm2_135m) "
                                  f"or drop the entry")
+        if entry.engine == "openvino":  # what the exporter cannot do, said before the model loads
+            from specbench.engines.openvino import DEFAULT_WEIGHTS, check_exportable, check_weights
+
+            config = read_config(str(cfg.model.get("name", "model")), path) if isinstance(path, str) else None
+            check_weights(OmegaConf.select(cfg, "eval.engine_options.openvino.weights") or DEFAULT_WEIGHTS, config)
+            check_exportable(config, str(cfg.model.get("name", "model")))
     return entries
 
 
