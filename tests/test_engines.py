@@ -18,6 +18,7 @@ from specbench.errors import SpecbenchError
 from specbench.evaluation.engines import agreement
 from specbench.models.artifact import save_artifact
 from specbench.models.distilled_draft import shallow_draft, trained_tensors
+from specbench.models.tiny import tiny_random
 from specbench.sampling import SamplingParams
 from specbench.tasks import eval as eval_task
 
@@ -63,9 +64,12 @@ def fake(monkeypatch):
     CALLS["n"], VERSION["v"] = 0, "1.0"
 
 
-def test_engine_rows_decode_beside_the_methods_and_report_their_agreement(tmp_path, fake):
+def test_engine_rows_decode_beside_the_methods_and_report_their_agreement(tmp_path, fake, capsys):
     cfg = compose_cfg([*FAST, "eval.engines=[fake,fake:lossy]", "eval.engine_options.threads=3"], tmp_path)
     summary = eval_task.run(cfg).set_index("method")
+    first_table = capsys.readouterr().out.split("speedup: ratio of means")[0]
+    rows = [line.split() for line in first_table.splitlines() if line.split()[:1] in (["fake"], ["fake:lossy"])]
+    assert [row[1] for row in rows] == ["fake/F4", "fake/F4"]  # an engine's execution: the engine and its weights
     assert list(summary.index) == ["autoregressive", "pld", "fake", "fake:lossy"]
     assert summary.loc["fake", "agreement"] == 1.0 and summary.loc["fake", "identical"] == 1.0
     assert 0 < summary.loc["fake:lossy", "agreement"] < 1 and summary.loc["fake:lossy", "identical"] == 0.0
@@ -165,13 +169,21 @@ def test_llama_cpp_decodes_the_smollm2_gguf_beside_our_plain_decoding(tmp_path):
     overrides = ["model=smollm2_135m", "model.backend=eager", "model.attention=sdpa", "eval.dtype=float32",
                  "eval.num_prompts=2", "eval.max_new_tokens=24", "eval.warmup=1", "eval.memory_probe=false",
                  "eval.fastest_ar=false", "eval.latency_profile=false", "methods=[pld]",
-                 "eval.engines=[llama_cpp,llama_cpp:prompt_lookup]", "eval.engine_options.threads=1"]
+                 "eval.engines=[llama_cpp,llama_cpp:prompt_lookup,llama_cpp:draft]", "eval.engine_options.threads=1",
+                 "eval.engine_options.llama_cpp.draft_checkpoint=artifacts/draft_smollm2_135m.safetensors"]
     summary = eval_task.run(compose_cfg(overrides, tmp_path)).set_index("method")
-    for label in ("llama_cpp", "llama_cpp:prompt_lookup"):
+    for label in ("llama_cpp", "llama_cpp:prompt_lookup", "llama_cpp:draft"):
         row = summary.loc[label]
         assert row["weights"] == "Q4_1" and row["threads"] == 1 and row["tokens_per_s"] > 0
-        assert row["agreement"] > 0.2  # the same weights, other kernels: most of each answer agrees
+    for label in ("llama_cpp", "llama_cpp:prompt_lookup"):
+        assert summary.loc[label, "agreement"] > 0.2  # the same weights, other kernels: most of each answer agrees
     assert summary.loc["llama_cpp", "tau"] == pytest.approx(1.0)
+    assert summary.loc["llama_cpp:draft", "tau"] > 1.0  # the distilled draft's tokens are accepted
+    # its answers are llama.cpp's own plain ones until a near-tie: a 5-row batch rounds otherwise than one row there
+    answers = {(r["method"], r["question_id"]): r["output_ids"] for r in
+               map(json.loads, (tmp_path / "records.jsonl").read_text().splitlines())}
+    shared = [agreement(ids, answers[("llama_cpp", q)]) for (m, q), ids in answers.items() if m == "llama_cpp:draft"]
+    assert len(shared) == 2 and sum(shared) / 2 > 0.3
 
 
 OPENVINO = importlib.util.find_spec("openvino_genai") is None or importlib.util.find_spec("nncf") is None
@@ -182,16 +194,22 @@ def test_openvino_genai_decodes_an_ir_exported_here_as_our_plain_decoding_in_fp3
     """The stateful IR exported from the tiny target in fp32: GenAI's plain decoding and its prompt lookup give our
     plain decoding's tokens; the IR is exported once and then read from the cache."""
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
-    overrides = [*FAST, "methods=[pld]", "eval.engines=[openvino,openvino:prompt_lookup]",
-                 "eval.engine_options.openvino.weights=fp32", "eval.engine_options.threads=1"]
+    tiny = tiny_random(dtype="float32")
+    draft = save_artifact(tmp_path / "draft.safetensors", "draft_model", tiny, {"num_layers": 1},
+                          trained_tensors(shallow_draft(tiny, 1).model))
+    overrides = [*FAST, "methods=[pld]", "eval.engines=[openvino,openvino:prompt_lookup,openvino:draft]",
+                 "eval.engine_options.openvino.weights=fp32", "eval.engine_options.threads=1",
+                 f"eval.engine_options.openvino.draft_checkpoint={draft}"]
     summary = eval_task.run(compose_cfg(overrides, tmp_path / "run")).set_index("method")
-    for label in ("openvino", "openvino:prompt_lookup"):
+    for label in ("openvino", "openvino:prompt_lookup", "openvino:draft"):
         row = summary.loc[label]
         assert row["agreement"] == 1.0 and row["weights"] == "fp32" and row["threads"] == 1, label
     assert summary.loc["openvino", "tau"] == pytest.approx(1.0)
     assert summary.loc["openvino:prompt_lookup", "tau"] > 1.0  # the tiny model repeats itself: lookup accepts
-    exported = list((tmp_path / "cache" / "openvino").iterdir())
-    assert [p.name.endswith("-fp32") for p in exported] == [True]  # one IR, shared by both rows
+    assert summary.loc["openvino:draft", "tau"] > 1.0
+    exported = sorted((tmp_path / "cache" / "openvino").iterdir())
+    assert len(exported) == 2 and all(p.name.endswith("-fp32") for p in exported)  # the target's IR and the draft's
+    exported = [p for p in exported if "draft" not in p.name]
     stamp = (exported[0] / "openvino_model.xml").stat().st_mtime_ns
     eval_task.run(compose_cfg([*overrides, "eval.num_prompts=3"], tmp_path / "run"))  # resumes: a third prompt
     assert (exported[0] / "openvino_model.xml").stat().st_mtime_ns == stamp  # read from the cache, not exported again
@@ -208,6 +226,9 @@ def test_openvino_weights_and_models_it_cannot_export_are_one_line_before_any_mo
                                              r"every linear's input width \(576, 1536\)"):
         eval_task.run(compose_cfg(["model=smollm2_135m", *FAST[1:], "eval.engines=[openvino]",
                                    "eval.engine_options.openvino.weights=int4_g100"], tmp_path))
+    with pytest.raises(SpecbenchError, match=r"'openvino:draft' needs a draft of the target's tokenizer: "
+                                             r"eval.engine_options.openvino.draft_checkpoint=PATH"):
+        eval_task.run(compose_cfg([*FAST, "eval.engines=[openvino:draft]"], tmp_path))
     from transformers import Gemma3TextConfig
 
     from specbench.engines.openvino import check_exportable

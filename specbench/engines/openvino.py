@@ -1,5 +1,7 @@
 """OpenVINO GenAI's LLMPipeline on an IR exported here from the run's own full-precision target: plain greedy
-decoding and its prompt lookup (a continuous-batching pipeline with `prompt_lookup=True`).
+decoding, its prompt lookup (a continuous-batching pipeline with `prompt_lookup=True`) and its speculative decoding
+with a draft model (the project's distilled draft, eval.engine_options.openvino.draft_checkpoint, exported the same
+way).
 
 Why the export is written here and not left to optimum-intel: optimum-intel's exporter pins transformers < 5.6, and
 the project runs 5.24. The IR is what GenAI expects of an optimum export, built with OpenVINO's own API: the model
@@ -32,6 +34,7 @@ from transformers import DynamicCache
 from specbench.decoding import Generation
 from specbench.engines.base import Clock, Engine, EngineContext, EngineUnavailable
 from specbench.errors import SpecbenchError
+from specbench.models.distilled_draft import load_distilled_draft
 from specbench.models.loading import LoadedModel, cache_dir, with_dtype
 
 log = logging.getLogger(__name__)
@@ -69,7 +72,7 @@ def check_exportable(config, name: str) -> None:
 
 
 class _Stream(og.StreamerBase):
-    """GenAI hands the streamer the tokens of each step (one, or several where prompt lookup's drafts were accepted)."""
+    """GenAI hands the streamer the tokens of each step (one, or several where drafts were accepted)."""
 
     def __init__(self, clock: Clock) -> None:
         super().__init__()
@@ -87,7 +90,8 @@ class OpenVinoEngine(Engine):
     name = "openvino"
 
     def __init__(self, folder: Path, weights: str, max_new_tokens: int, eos: set[int], mode: str, threads: int,
-                 lookup_tokens: int, lookup_ngram: int) -> None:
+                 lookup_tokens: int, lookup_ngram: int, draft: tuple[Path, str] | None = None,
+                 draft_tokens: int = 4) -> None:
         self.weights, self.max_new_tokens, self.eos, self.mode, self.threads = weights, max_new_tokens, eos, mode, threads
         properties = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
         self.config = og.GenerationConfig()
@@ -98,6 +102,10 @@ class OpenVinoEngine(Engine):
             properties["prompt_lookup"] = True
             self.config.num_assistant_tokens, self.config.max_ngram_size = lookup_tokens, lookup_ngram
             self.options = {"lookup_tokens": lookup_tokens, "lookup_ngram": lookup_ngram}
+        elif mode == "draft":
+            properties["draft_model"] = og.draft_model(str(draft[0]), "CPU", INFERENCE_NUM_THREADS=threads)
+            self.config.num_assistant_tokens = draft_tokens
+            self.options = {"draft": draft[1], "draft_tokens": draft_tokens}
         self.pipe = og.LLMPipeline(str(folder), "CPU", **properties)
 
     def describe(self) -> dict:
@@ -230,6 +238,14 @@ def build(mode: str, ctx: EngineContext) -> OpenVinoEngine:
     weights = str(own.get("weights") or DEFAULT_WEIGHTS)
     check_weights(weights, ctx.loaded.model.config)
     check_exportable(ctx.loaded.model.config, ctx.loaded.name)
-    folder = export(ctx.loaded, weights)
+    folder, draft = export(ctx.loaded, weights), None
+    if mode == "draft":
+        checkpoint = own.get("draft_checkpoint")
+        if not checkpoint:
+            raise SpecbenchError("eval.engines entry 'openvino:draft' needs a draft of the target's tokenizer: "
+                                 "eval.engine_options.openvino.draft_checkpoint=PATH (a distilled draft artifact)")
+        model = load_distilled_draft(with_dtype(ctx.loaded, "float32"), checkpoint)
+        draft = (export(model, weights), f"{Path(checkpoint).name}:{weights}")
     return OpenVinoEngine(folder, weights, ctx.max_new_tokens, set(ctx.target.eos_token_ids), mode, ctx.threads,
-                          ctx.options["lookup_tokens"], ctx.options["lookup_ngram"])
+                          ctx.options["lookup_tokens"], ctx.options["lookup_ngram"], draft,
+                          ctx.options["draft_tokens"])

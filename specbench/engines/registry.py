@@ -28,7 +28,7 @@ ENGINES: dict[str, EngineKind] = {
                                "specbench.engines.hf:build"),
     "llama_cpp": EngineKind("llama_cpp", "llama-cpp-python", (PLAIN, "prompt_lookup", "draft"),
                             "specbench.engines.llama_cpp:build"),
-    "openvino": EngineKind("openvino_genai", "openvino-genai", (PLAIN, "prompt_lookup"),
+    "openvino": EngineKind("openvino_genai", "openvino-genai", (PLAIN, "prompt_lookup", "draft"),
                            "specbench.engines.openvino:build", also=("openvino_tokenizers", "nncf")),
 }
 

@@ -73,6 +73,9 @@ def requested(cfg, sampling: SamplingParams, method_labels: list[str]) -> list[E
             config = read_config(str(cfg.model.get("name", "model")), path) if isinstance(path, str) else None
             check_weights(OmegaConf.select(cfg, "eval.engine_options.openvino.weights") or DEFAULT_WEIGHTS, config)
             check_exportable(config, str(cfg.model.get("name", "model")))
+            if entry.mode == "draft" and not OmegaConf.select(cfg, "eval.engine_options.openvino.draft_checkpoint"):
+                raise SpecbenchError("eval.engines entry 'openvino:draft' needs a draft of the target's tokenizer: "
+                                     "eval.engine_options.openvino.draft_checkpoint=PATH (a distilled draft artifact)")
     return entries
 
 

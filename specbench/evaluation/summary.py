@@ -60,7 +60,8 @@ def print_table(summary: pd.DataFrame) -> None:
     with pd.option_context("display.width", 250, "display.max_columns", 20, "display.max_colwidth", 40):
         print(pd.DataFrame({
             "method": summary["method"],
-            "execution": [Execution(b, d, w).label for b, d, w in zip(summary["backend"], summary["dtype"], weights)],
+            "execution": [Execution(b, d, w).label if isinstance(d, str) else f"{b}/{w}"  # an engine: its own dtype
+                          for b, d, w in zip(summary["backend"], summary["dtype"], weights)],
             "tau": summary["tau"].map("{:.2f}".format),
             "tok/s": summary["tokens_per_s"].map("{:.1f}".format),
             "speedup [95% CI]": [_with_ci(*v) for v in
