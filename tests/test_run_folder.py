@@ -187,6 +187,18 @@ def test_a_single_method_cannot_take_the_baselines_name(tmp_path):
     assert [e.label for e in resolve_entries(compose_cfg(["method=autoregressive"], tmp_path))] == ["autoregressive"]
 
 
+def test_entries_composed_again_are_equal_and_their_own(tmp_path):
+    """Entries are composed once per process and copied out (a run resolves them twice): a second resolution equals the
+    first, and changing one entry's config leaves the next resolution untouched."""
+    cfg = compose_cfg(["methods=[pld,{method:medusa,overrides:['tree.budget=8']}]"], tmp_path)
+    first = resolve_entries(cfg)
+    first[1].cfg.tree.budget = 99
+    first[0].cfg.method.drafter.max_ngram = 1
+    second = resolve_entries(cfg)
+    assert [e.label for e in second] == [e.label for e in first]
+    assert second[1].cfg.tree.budget == 8 and second[0].cfg.method.drafter.max_ngram != 1
+
+
 @pytest.mark.parametrize("label", ["/../../x", "a/b", "..", "pld 3", "a\\b"])
 def test_a_label_that_is_no_safe_path_component_is_refused(label, tmp_path):
     cfg = compose_cfg([], tmp_path)

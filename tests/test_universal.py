@@ -146,10 +146,14 @@ def test_text_bridge_continues_the_committed_text_exactly(target, merged_draft):
     assert bridge.to_draft(ours("abc ef")["input_ids"]) == target.tokenizer("abc ef")["input_ids"]
 
 
-@pytest.mark.slow
-def test_rejection_sampling_with_a_draft_of_another_tokenizer_keeps_the_distribution():
-    """test_rejection.py's TV test with the real drafter: the draft has its own tokenizer (the target's 8 tokens
-    under other ids, with noise), so its chains reach the target only through text."""
+# samples through the real decode loop with text translation (~20 ms each): fewer than test_rejection.py's 3000, and
+# still enough to fail the rule without the residual (test_the_universal_test_fails_without_the_residual)
+UNIVERSAL_SAMPLES = 1000
+
+
+def universal_samples(rule) -> tuple[float, float, int]:
+    """(TV, its bound, tokens accepted) of UNIVERSAL_SAMPLES answers drafted by a model of another tokenizer (the
+    target's 8 tokens under other ids, with noise), whose chains reach the target only through text."""
     target = rej.lively_tiny(0)
     vocab = target.tokenizer.get_vocab()
     strings = sorted(vocab, key=vocab.get)
@@ -162,15 +166,28 @@ def test_rejection_sampling_with_a_draft_of_another_tokenizer_keeps_the_distribu
         for weight in (draft.model.model.embed_tokens.weight, draft.model.lm_head.weight):
             weight[torch.tensor(order)] = weight.clone()
     drafter = DraftModelDrafter(target, ChainPolicy(budget=3), draft_model=draft, translate=True)
-    samples = torch.empty(rej.SAMPLES, rej.TOKENS, dtype=torch.long)
+    samples = torch.empty(UNIVERSAL_SAMPLES, rej.TOKENS, dtype=torch.long)
     accepted = 0
-    for i in range(rej.SAMPLES):
-        gen = decode(target, drafter, rej.PROMPT, rej.TOKENS, RejectionSampling(), rej.SAMPLING, seed=10**6 + i)
+    for i in range(UNIVERSAL_SAMPLES):
+        gen = decode(target, drafter, rej.PROMPT, rej.TOKENS, rule, rej.SAMPLING, seed=10**6 + i)
         samples[i] = torch.tensor(gen.tokens)
         accepted += sum(s.accepted for s in gen.steps)
     tv, bound = rej.tv_and_bound(samples, rej.exact_distribution(rej.logits_table(target.model, rej.TOKENS)))
-    assert tv < bound, f"TV {tv:.4f} exceeds the bound {bound:.4f} for {rej.SAMPLES} samples"
-    assert accepted > rej.SAMPLES // 4, "the translated drafts must be accepted sometimes, or the test proves little"
+    return tv, bound, accepted
+
+
+@pytest.mark.slow
+def test_rejection_sampling_with_a_draft_of_another_tokenizer_keeps_the_distribution():
+    """test_rejection.py's TV test with the real drafter and its text bridge."""
+    tv, bound, accepted = universal_samples(RejectionSampling())
+    assert tv < bound, f"TV {tv:.4f} exceeds the bound {bound:.4f} for {UNIVERSAL_SAMPLES} samples"
+    assert accepted > UNIVERSAL_SAMPLES // 4, "the translated drafts must be accepted sometimes, or the test proves little"
+
+
+@pytest.mark.slow
+def test_the_universal_test_fails_without_the_residual():
+    tv, bound, _ = universal_samples(rej.RejectionWithoutResidual())
+    assert tv > bound, f"the broken rule passed (TV {tv:.4f} <= bound {bound:.4f}): the test has no power"
 
 
 def test_another_tokenizer_is_refused_without_translate_or_with_a_tree(target, merged_draft):
