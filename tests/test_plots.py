@@ -153,3 +153,11 @@ def test_the_speedup_axis_names_the_fastest_plain_decodings_weights():
     assert plots._fastest(table) == "autoregressive, compile/bfloat16/int4_g32"
     assert plots._fastest(table.assign(weights="fp")) == "autoregressive, compile/bfloat16"
     assert plots._fastest(table.drop(columns="weights")) == "autoregressive, compile/bfloat16"  # older summaries
+
+
+def test_the_caption_names_no_dtype_an_engine_row_does_not_have():
+    summary = pd.DataFrame({"model": ["m", "m"], "hw": ["cpu", "cpu"], "backend": ["eager", "openvino"],
+                            "dtype": ["float32", np.nan], "weights": ["fp", "int4_g64"], "dataset": ["d", "d"],
+                            "num_prompts": [20, 20]})
+    text = plots.caption(summary)
+    assert "| eager, openvino | float32 | weights fp, int4_g64 |" in text and "nan" not in text

@@ -52,8 +52,8 @@ def _is_baseline(label: str) -> bool:
 
 
 def caption(summary: pd.DataFrame) -> str:
-    def one(key):
-        return ", ".join(str(v) for v in dict.fromkeys(summary[key])) if key in summary else "?"
+    def one(key):  # an engine's row has no dtype of ours: left out rather than printed as nan
+        return ", ".join(str(v) for v in dict.fromkeys(summary[key].dropna())) if key in summary else "?"
     return (f"{one('model')} | hw {one('hw')} | {one('backend')} | {one('dtype')} | weights {one('weights')} | "
             f"{one('dataset')} | "
             f"{int(summary['num_prompts'].max())} prompts | {_device(summary, one)}")
