@@ -14,6 +14,7 @@ import pytest
 
 from specbench.data.prompts import read_jsonl
 from specbench.errors import SpecbenchError
+from specbench.models.loading import read_config
 from specbench.schema import validate
 from specbench.tasks._common import check_context
 
@@ -136,6 +137,26 @@ def test_every_shipped_config_passes(group, tmp_path):
 def test_repeated_question_ids_name_their_lines(files):
     with pytest.raises(SpecbenchError, match=r"repeats question_id 'a' on lines 1, 3; 'b' on lines 2, 5"):
         read_jsonl(files / "dup.jsonl")
+
+
+def test_a_models_config_is_read_once_per_file_version(tmp_path, tiny, monkeypatch):
+    """Settings checks read the model's config for every config validated (a GGUF's metadata takes seconds to parse):
+    read once per process, handed out as copies, and read again when the file changes."""
+    import transformers
+
+    reads = []
+    real = transformers.AutoConfig.from_pretrained
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", lambda *a, **k: reads.append(a) or real(*a, **k))
+    folder = tmp_path / "model"
+    tiny.model.config.save_pretrained(folder)
+    first = read_config("m", str(folder))
+    first.num_hidden_layers = 99
+    assert read_config("m", str(folder)).num_hidden_layers == tiny.model.config.num_hidden_layers
+    assert len(reads) == 1
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps(config | {"num_hidden_layers": 7}, indent=4))
+    os.utime(folder / "config.json", (1, 1))  # another version of the file, whatever the clock's resolution
+    assert read_config("m", str(folder)).num_hidden_layers == 7 and len(reads) == 2
 
 
 def test_the_loaded_models_context_bounds_max_new_tokens(tiny):

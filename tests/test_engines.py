@@ -189,6 +189,7 @@ def test_llama_cpp_decodes_the_smollm2_gguf_beside_our_plain_decoding(tmp_path):
 OPENVINO = importlib.util.find_spec("openvino_genai") is None or importlib.util.find_spec("nncf") is None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(OPENVINO, reason="openvino-genai or nncf is not installed")
 def test_openvino_genai_decodes_an_ir_exported_here_as_our_plain_decoding_in_fp32(tmp_path, monkeypatch):
     """The stateful IR exported from the tiny target in fp32: GenAI's plain decoding and its prompt lookup give our

@@ -15,6 +15,7 @@ import importlib.util
 import os
 import shutil
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 import torch
@@ -145,8 +146,6 @@ def read_config(name: str, path: str):
     """The transformers config of the model load_model(name, path) would load, read without its weights (config.json,
     the GGUF's metadata or its converted copy), so settings that depend on the model's shape or context are checked
     before the weights load; None where it cannot be read cheaply (load_model then says why)."""
-    from transformers import AutoConfig
-
     if path.startswith("assemble:"):
         return None
     resolved = resolve_path(path)
@@ -155,8 +154,19 @@ def read_config(name: str, path: str):
         cached = cache_root() / "models" / f"{name}-{_fingerprint(resolved)}"
         resolved, kwargs = (cached, {}) if (cached / "config.json").exists() else (resolved.parent,
                                                                                   {"gguf_file": resolved.name})
+    file = (resolved / kwargs.get("gguf_file", "config.json")) if isinstance(resolved, Path) else None
+    version = _fingerprint(file) if file is not None and file.exists() else ""  # a hub id: its cache is immutable
+    return copy.deepcopy(_config(str(resolved), kwargs.get("gguf_file"), version))
+
+
+@lru_cache(maxsize=16)
+def _config(folder: str, gguf_file: str | None, fingerprint: str):
+    """Read once per process and file version: a GGUF's metadata (its 49k-token vocabulary and merges) takes seconds
+    to parse, and validating settings reads the model's config for every config checked."""
+    from transformers import AutoConfig
+
     try:
-        return AutoConfig.from_pretrained(resolved, **kwargs)
+        return AutoConfig.from_pretrained(folder, **({"gguf_file": gguf_file} if gguf_file else {}))
     except Exception:  # noqa: BLE001  (any failure here is load_model's to report, with its own message)
         return None
 
