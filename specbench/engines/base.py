@@ -1,6 +1,6 @@
-"""What an engine row is: an engine users would deploy instead (llama.cpp, OpenVINO GenAI, transformers' generate), decoding the
-run's prompt ids itself, greedy, to the run's token budget, timed like a method (prefill apart, one step per target
-forward), so its records read like any method's.
+"""What an engine row is: an engine users would deploy instead (llama.cpp, OpenVINO GenAI, transformers' generate),
+decoding the run's prompt ids itself, greedy, to the run's token budget, timed like a method (prefill apart, one step
+per target forward), so its records read like any method's.
 
 An engine has the Decoder's interface (max_new_tokens, generate(prompt_ids) -> Generation) and says what it is
 (`describe`: version, weight format, threads, its options), which becomes its settings and its records' columns.

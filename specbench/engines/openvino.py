@@ -50,8 +50,10 @@ def check_weights(weights: str, config=None) -> None:
         raise SpecbenchError(f"eval.engine_options.openvino.weights={weights!r} is invalid: give fp32, fp16, int8 or "
                              f"int4_g<group> (e.g. int4_g64)")
     group = int(match.group(1)) if match.group(1) else None
-    hidden_sizes = [] if config is None else sorted({config.hidden_size, config.intermediate_size, config.num_attention_heads * (
-        getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads)})
+    hidden_sizes = []
+    if config is not None:
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        hidden_sizes = sorted({config.hidden_size, config.intermediate_size, config.num_attention_heads * head_dim})
     if group is not None and any(n % group for n in hidden_sizes):
         raise SpecbenchError(f"eval.engine_options.openvino.weights={weights} is invalid for this model: the group "
                              f"must divide every linear's input width ({', '.join(map(str, hidden_sizes))})")
@@ -63,12 +65,11 @@ def check_exportable(config, name: str) -> None:
     if config is None:
         return
     kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
-    if getattr(config, "is_encoder_decoder", False) or kinds != {"full_attention"} \
-            or getattr(config, "sliding_window", None):
+    window = " with a sliding window" if getattr(config, "sliding_window", None) else ""
+    if getattr(config, "is_encoder_decoder", False) or kinds != {"full_attention"} or window:
         raise SpecbenchError(f"eval.engines entry 'openvino' cannot export model {name}: its layers are "
-                             f"{', '.join(sorted(kinds))}{' with a sliding window' if getattr(config, 'sliding_window', None) else ''}"
-                             f", and this exporter makes only full-attention decoder caches stateful; drop the "
-                             f"openvino entries for this model")
+                             f"{', '.join(sorted(kinds))}{window}, and this exporter makes only full-attention decoder "
+                             f"caches stateful; drop the openvino entries for this model")
 
 
 class _Stream(og.StreamerBase):
@@ -92,7 +93,8 @@ class OpenVinoEngine(Engine):
     def __init__(self, folder: Path, weights: str, max_new_tokens: int, eos: set[int], mode: str, threads: int,
                  lookup_tokens: int, lookup_ngram: int, draft: tuple[Path, str] | None = None,
                  draft_tokens: int = 4) -> None:
-        self.weights, self.max_new_tokens, self.eos, self.mode, self.threads = weights, max_new_tokens, eos, mode, threads
+        self.weights, self.max_new_tokens, self.eos = weights, max_new_tokens, eos
+        self.mode, self.threads = mode, threads
         properties = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
         self.config = og.GenerationConfig()
         self.config.max_new_tokens, self.config.do_sample = max_new_tokens, False
@@ -122,7 +124,7 @@ class OpenVinoEngine(Engine):
 
 
 def export(loaded: LoadedModel, weights: str) -> Path:
-    """The stateful IR of `loaded` (its float weights) in `weights`, with its tokenizer: cached, exported on first use."""
+    """The stateful IR of `loaded` (its float weights) in `weights`, with its tokenizer: cached, exported once."""
     first, last = (p.detach().float().sum().item() for p in (next(loaded.model.parameters()),
                                                              list(loaded.model.parameters())[-1]))
     identity = f"{loaded.source}:{loaded.model.config.to_json_string()}:{first}:{last}"
