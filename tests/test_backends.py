@@ -3,6 +3,7 @@ speculative decoding equals plain decoding on it, and its output equals the eage
 
 import copy
 import dataclasses
+import importlib.util
 
 import pytest
 import torch
@@ -21,12 +22,20 @@ from specbench.trees.native import NativePolicy
 from specbench.trees.token_tree import TokenTree
 from specbench.verification import commit_path, verify_tree
 
-FAST = ["prepacked", "compile"]
+NO_OPENVINO = importlib.util.find_spec("openvino") is None or importlib.util.find_spec("nncf") is None
+OPENVINO = pytest.param("openvino", marks=pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed"))
+FAST = ["prepacked", "compile", OPENVINO]
 
 
 @pytest.fixture(scope="module")
 def fast(tiny):
-    return {name: with_backend(tiny, name) for name in FAST}
+    """Each backend built when a test first asks for it (openvino exports an IR, which needs the package)."""
+    class Backends(dict):
+        def __missing__(self, name):
+            self[name] = with_backend(tiny, name)
+            return self[name]
+
+    return Backends()
 
 
 def test_prepacked_swaps_every_linear_on_a_copy_and_keeps_the_weights_shared(tiny, fast):
@@ -237,3 +246,41 @@ def test_compile_freezes_the_weights_into_its_graphs(tiny):
         after, eager_after = step(compiled), step(target.model)
     assert not torch.equal(eager_before, eager_after)  # the change matters to a forward that reads the weights
     assert torch.equal(before, after)
+
+
+@pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed")
+@pytest.mark.slow
+def test_a_run_on_openvino_int4_is_lossless_against_its_own_plain_decoding_beside_the_eager_one(tmp_path):
+    """model.backend=openvino with int4 weights: NNCF's grid, a target of its own. PLD on it equals its own plain
+    decoding on every prompt (in fp32), and the eager float32 plain decoding runs beside it as eval.plain_executions
+    asks; the IR is exported once and read back from the cache by a second run."""
+    from specbench.tasks import eval as eval_task
+    from tests.conftest import compose_cfg
+
+    overrides = ["model=tiny_random", "model.backend=openvino", "model.weights=int4", "eval.dtype=float32",
+                 "eval.num_prompts=3", "eval.max_new_tokens=24", "eval.warmup=0", "eval.memory_probe=false",
+                 "eval.fastest_ar=false", "eval.first_turn_only=true", "eval.latency_profile=false",
+                 "eval.plain_executions=[eager/float32]"]
+    summary = eval_task.run(compose_cfg(overrides, tmp_path / "run")).set_index("method")
+    assert summary.loc["pld", "backend"] == "openvino" and summary.loc["pld", "weights"] == "int4_g32"
+    assert summary.loc["pld", "lossless_reference"] == "autoregressive"
+    assert summary.loc["pld", "lossless_match"] == 1.0 and summary.loc["pld", "tau"] > 1.0
+    assert summary.loc["autoregressive@eager/float32", "backend"] == "eager"
+
+
+@pytest.mark.parametrize("override, message", [
+    ("eval.dtype=bfloat16", "model.backend=openvino with eval.dtype=bfloat16: the openvino backend runs float32"),
+    ("model.weights=w8a8", "model.backend=openvino with model.weights=w8a8: .*compresses weights only"),
+])
+def test_openvino_settings_it_cannot_run_are_one_line_before_the_model_loads(override, message, tmp_path,
+                                                                             monkeypatch):
+    from specbench.tasks import eval as eval_task
+    from tests.conftest import compose_cfg
+
+    monkeypatch.setattr(eval_task, "setup_target", lambda *a, **k: pytest.fail("the model was loaded"))
+    if NO_OPENVINO:
+        message = "OpenVINO is not installed"
+    cfg = compose_cfg(["model=tiny_random", "model.backend=openvino", "eval.dtype=float32", override],
+                      tmp_path / "run")
+    with pytest.raises(SpecbenchError, match=message):
+        eval_task.run(cfg)

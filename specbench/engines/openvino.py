@@ -15,7 +15,6 @@ source, the weight format and the versions that shape the IR, and written whole 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import re
@@ -27,15 +26,14 @@ import numpy as np
 import openvino as ov
 import openvino_genai as og
 import torch
-import transformers
 from openvino import opset13
-from transformers import DynamicCache
 
 from specbench.decoding import Generation
 from specbench.engines.base import Clock, Engine, EngineContext, EngineUnavailable
 from specbench.errors import SpecbenchError
 from specbench.models.distilled_draft import load_distilled_draft
-from specbench.models.loading import LoadedModel, cache_dir, with_dtype
+from specbench.execution.openvino import compressed, flat_cache, group_problem, ir_folder
+from specbench.models.loading import LoadedModel, with_dtype
 
 log = logging.getLogger(__name__)
 WEIGHTS = re.compile(r"fp32|fp16|int8|int4_g(\d+)")
@@ -49,14 +47,9 @@ def check_weights(weights: str, config=None) -> None:
     if match is None:
         raise SpecbenchError(f"eval.engine_options.openvino.weights={weights!r} is invalid: give fp32, fp16, int8 or "
                              f"int4_g<group> (e.g. int4_g64)")
-    group = int(match.group(1)) if match.group(1) else None
-    hidden_sizes = []
-    if config is not None:
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        hidden_sizes = sorted({config.hidden_size, config.intermediate_size, config.num_attention_heads * head_dim})
-    if group is not None and any(n % group for n in hidden_sizes):
-        raise SpecbenchError(f"eval.engine_options.openvino.weights={weights} is invalid for this model: the group "
-                             f"must divide every linear's input width ({', '.join(map(str, hidden_sizes))})")
+    problem = group_problem(config, weights)
+    if problem:
+        raise SpecbenchError(f"eval.engine_options.openvino.weights={weights} is invalid for this model: {problem}")
 
 
 def check_exportable(config, name: str) -> None:
@@ -125,11 +118,7 @@ class OpenVinoEngine(Engine):
 
 def export(loaded: LoadedModel, weights: str) -> Path:
     """The stateful IR of `loaded` (its float weights) in `weights`, with its tokenizer: cached, exported once."""
-    first, last = (p.detach().float().sum().item() for p in (next(loaded.model.parameters()),
-                                                             list(loaded.model.parameters())[-1]))
-    identity = f"{loaded.source}:{loaded.model.config.to_json_string()}:{first}:{last}"
-    key = hashlib.sha1(f"{identity}:{ov.__version__}:{transformers.__version__}".encode()).hexdigest()[:10]
-    folder = cache_dir("openvino") / f"{loaded.name}-{key}-{weights}"
+    folder = ir_folder(loaded, f"genai-{weights}")
     if (folder / "openvino_model.xml").exists():
         return folder
     print(f"notice: exporting {loaded.name} to an OpenVINO IR ({weights}) once, into {folder}")
@@ -138,7 +127,7 @@ def export(loaded: LoadedModel, weights: str) -> Path:
     tmp.mkdir(parents=True)
     model = with_dtype(loaded, "float32").model
     ir = stateful_ir(model)
-    ov.save_model(_compressed(ir, weights), tmp / "openvino_model.xml", compress_to_fp16=weights == "fp16")
+    ov.save_model(compressed(ir, weights), tmp / "openvino_model.xml", compress_to_fp16=weights == "fp16")
     _save_tokenizer(loaded.tokenizer, tmp)
     model.config.save_pretrained(tmp)
     model.generation_config.save_pretrained(tmp)
@@ -197,33 +186,17 @@ def stateful_ir(model: torch.nn.Module) -> ov.Model:
 
 
 class _CacheAsTensors(torch.nn.Module):
-    """The model with its KV cache as flat tensors in and out, so the trace sees the cache as inputs and outputs. The
-    cache's layers are filled directly: DynamicCache.update would concatenate onto an empty 1-D tensor, which the
-    OpenVINO frontend cannot give a rank."""
+    """The model with its KV cache as flat tensors in and out, so the trace sees the cache as inputs and outputs."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         super().__init__()
         self.model = model
 
     def forward(self, input_ids, attention_mask, position_ids, *past):
-        cache = DynamicCache(config=self.model.config)
-        for i, layer in enumerate(cache.layers):
-            layer.lazy_initialization(past[2 * i], past[2 * i + 1])
-            layer.keys, layer.values = past[2 * i], past[2 * i + 1]
+        cache = flat_cache(self.model.config, past)
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          past_key_values=cache, use_cache=True)
         return (out.logits, *[t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)])
-
-
-def _compressed(ir: ov.Model, weights: str) -> ov.Model:
-    if weights in ("fp32", "fp16"):
-        return ir
-    import nncf
-
-    if weights == "int8":
-        return nncf.compress_weights(ir, mode=nncf.CompressWeightsMode.INT8_ASYM)
-    return nncf.compress_weights(ir, mode=nncf.CompressWeightsMode.INT4_ASYM, group_size=int(weights[len("int4_g"):]),
-                                 ratio=1.0)
 
 
 def _save_tokenizer(tokenizer, folder: Path) -> None:

@@ -32,9 +32,10 @@ from specbench.hardware.measured.machine_profile import MachineProfile, load_or_
 from specbench.hardware.modelled.roofline import roofline_step_time
 from specbench.hardware.modelled.spec import MEASURED, HardwareSpec
 from specbench.execution.attention import attention_tag
-from specbench.execution.backends import check_backend, check_profile_backends, with_backend
+from specbench.execution.backends import OPENVINO, check_backend, check_profile_backends, with_backend
 from specbench.execution.value import Execution
-from specbench.models.loading import LoadedModel
+from specbench.execution.openvino import check_run as check_openvino
+from specbench.models.loading import LoadedModel, read_config
 from specbench.execution.quantize import FORMATS, check_weights, format_name
 from specbench.models.shape import ModelShape
 from specbench.sampling import SamplingParams
@@ -81,7 +82,11 @@ def request(cfg, overrides: list[str] | None = None) -> Request:
     check_dtype(cfg.eval.dtype)
     check_backend(cfg.model.backend)
     profile_backends = check_profile_backends(cfg.eval.profile_backends)
-    run_weights(cfg)  # model.weights, model.group_size and eval.profile_weights
+    weights, _ = run_weights(cfg)  # model.weights, model.group_size and eval.profile_weights
+    if cfg.model.backend == OPENVINO:  # what the exporter cannot do, said before the model loads
+        path = cfg.model.get("path")
+        config = read_config(str(cfg.model.get("name", "model")), path) if isinstance(path, str) else None
+        check_openvino(cfg.eval.dtype, weights, config)
     for text in cfg.eval.get("plain_executions") or []:
         Execution.parse(text, cfg.model.get("group_size", 32))
     sampling = SamplingParams(**cfg.sampling)
@@ -117,9 +122,11 @@ def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Pat
     if machine is not None and formats == ["fp"]:
         log.info("speedup_any weighs float weights only (eval.profile_weights=[fp]); eval.profile_weights=[fp,int8,int4] "
                  "adds the quantised targets' plain decoding (measured once per machine)")
-    # drafters are built on the eager model in the run's dtype and weights (build_drafter says why)
-    cast = Execution("eager", execution.dtype, execution.weights).apply(loaded)
-    target = with_backend(cast, execution.backend)
+    # drafters are built on the eager model in the run's dtype and weights (build_drafter says why); an openvino
+    # target compresses its float weights itself, and its drafters read the float model
+    openvino = execution.backend == OPENVINO
+    cast = Execution("eager", execution.dtype, "fp" if openvino else execution.weights).apply(loaded)
+    target = execution.own.apply(loaded) if openvino else with_backend(cast, execution.backend)
     latency = latency_curve(hw, machine, target, execution, context) if req.sized else None
     # drafters before settings: building one may make its one-time artifact (SSSD's default datastore), whose
     # fingerprint is part of the method's settings
@@ -133,12 +140,19 @@ def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Pat
     also = plain_executions(cfg, execution)  # label -> execution: eval.plain_executions
     per_method |= {label: {**BASELINE_SETTINGS, "dtype": d, "backend": b, "weights": w}
                    for label, (b, d, w) in also.items()}
-    eager_ref = cfg.eval.eager_reference and execution.backend != "eager" and EAGER_REFERENCE not in fastest
+    eager_ref = (cfg.eval.eager_reference and execution.backend not in ("eager", OPENVINO)
+                 and EAGER_REFERENCE not in fastest)
     if eager_ref:  # the run's dtype on transformers' own forward: every method's tokens are also checked against it
         per_method[EAGER_REFERENCE] = {**BASELINE_SETTINGS, "dtype": execution.dtype, "backend": "eager"}
 
     def cast_to(d: str, w: str) -> LoadedModel:
-        return cast if (d, w) == (execution.dtype, execution.weights) else Execution("eager", d, w).apply(loaded)
+        same = (d, w) == (execution.dtype, execution.weights) and not openvino
+        return cast if same else Execution("eager", d, w).apply(loaded)
+
+    def run_as(b: str, d: str, w: str) -> LoadedModel:
+        if (b, d, w) == execution.own:
+            return target
+        return Execution(b, d, w).apply(loaded) if b == OPENVINO else with_backend(cast_to(d, w), b)
 
     # engines run on the eager model in the fastest plain decoding's dtype and weights
     engines = build_engines(cfg, req.engines, cast_to(fast_d, fast_w), loaded)
@@ -150,7 +164,7 @@ def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Pat
     runs = [MethodRun(e.label, drafter, build(e.cfg.accept), hashes[e.label], e.name)
             for e, drafter in zip(req.entries, drafters)]
     plain = [MethodRun(label, AutoregressiveDrafter(), ExactAcceptance(), hashes[label], BASELINE,
-                       with_backend(cast_to(d, w), b)) for label, (b, d, w) in (fastest | also).items()]
+                       run_as(b, d, w)) for label, (b, d, w) in (fastest | also).items()]
     if eager_ref:
         plain.append(MethodRun(EAGER_REFERENCE, AutoregressiveDrafter(), ExactAcceptance(), hashes[EAGER_REFERENCE],
                                BASELINE, cast))

@@ -3,6 +3,8 @@
 - `eager`: transformers as it is, the reference every other backend is checked against.
 - `prepacked`: every nn.Linear keeps its weight in oneDNN's blocked layout, reordered once at load. Eager GEMM
   repacks each weight on every call, which is what makes an n = 2 forward cost far more than n = 1 on CPU.
+- `openvino`: the forward run by OpenVINO's CPU runtime from an IR exported once per machine, its weights
+  compressed by NNCF (execution/openvino.py); applied by Execution.apply, which hands it the float weights.
 - `compile`: torch.compile (inductor) of the model's forward with shapes dynamic in the tree size and the cache
   length, so one graph serves every one-token step and one every multi-row verify, and on CPU with freezing, which
   turns the weights into constants that inductor prepacks and folds (dynamo's prepare_freezing, see `_compiled`). It
@@ -23,10 +25,12 @@ import torch
 from torch import nn
 
 from specbench.errors import SpecbenchError
+from specbench.execution import openvino
 from specbench.execution.linears import fuse_projections, replace_linears
 from specbench.models.loading import LoadedModel
 
-BACKENDS = ("eager", "prepacked", "compile")
+BACKENDS = ("eager", "prepacked", "compile", "openvino")
+OPENVINO = "openvino"
 AUTO = "auto"
 # keys of a `model` config that say how the loaded model runs: the task applies them after loading (and after the
 # machine profile has chosen), so they are no arguments of the loaders
@@ -50,6 +54,8 @@ def check_profile_backends(names) -> list[str]:
 def supported(backend: str, dtype: torch.dtype, device: torch.device) -> str | None:
     """None when `backend` can run `dtype` on `device`, else why not (one line)."""
     check_backend(backend)
+    if backend == OPENVINO:
+        return openvino.unsupported(dtype, device)
     if backend == "prepacked":
         if device.type != "cpu":
             return "prepacked oneDNN linears are a CPU backend"
@@ -95,6 +101,11 @@ def with_backend(target: LoadedModel, backend: str, fuse: bool = True) -> Loaded
                              "with_backend needs one of: " + ", ".join(BACKENDS))
     if backend == "eager" or target.backend == backend:
         return target
+    if backend == OPENVINO:
+        if target.weights != "fp":
+            raise SpecbenchError(f"model.backend=openvino compresses the float weights itself; apply "
+                                 f"Execution('openvino', 'float32', '{target.weights}') to the float model")
+        return openvino.with_openvino(target, "fp")
     if target.backend != "eager":
         raise SpecbenchError(f"the model already runs on backend '{target.backend}'; apply '{backend}' to the "
                              f"eager model")

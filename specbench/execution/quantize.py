@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from specbench.errors import SpecbenchError
+from specbench.execution import openvino
 from specbench.execution.attention import row_invariant
 from specbench.execution.linears import fuse_projections, replace_linears
 from specbench.models.loading import LoadedModel
@@ -68,6 +69,8 @@ def supported(weights: str, device: torch.device, backend: str = "eager") -> str
         return f"{weights} weights run aten's CPU kernels (_weight_int8pack_mm, _weight_int4pack_mm_for_cpu, _int_mm)"
     if backend == "prepacked":
         return f"{weights} weights leave no float linear to pack: eager runs the same kernels"
+    if backend == "openvino":  # NNCF compresses the float weights: what it cannot do is openvino's to say
+        return openvino.unsupported(torch.float32, torch.device(device), weights)
     return None
 
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from specbench.errors import SpecbenchError
-from specbench.execution.backends import BACKENDS, with_backend
+from specbench.execution.backends import BACKENDS, OPENVINO, with_backend
+from specbench.execution.openvino import with_openvino
 from specbench.execution.quantize import FORMATS, GROUP_SIZES, format_name, split_format, with_weights
 from specbench.models.loading import DTYPES, LoadedModel, with_dtype
 
 
 class Execution(NamedTuple):
-    backend: str  # execution/backends.py: eager, prepacked, compile
+    backend: str  # execution/backends.py: eager, prepacked, compile, openvino
     dtype: str  # float32, bfloat16, float16
     weights: str = "fp"  # execution/quantize.py: fp, int8, int4_g<group>, w8a8
 
@@ -42,5 +43,10 @@ class Execution(NamedTuple):
         return cls(parts[0], parts[1], format_name(*split_format(parts[2], group_size)) if len(parts) == 3 else "fp")
 
     def apply(self, target: LoadedModel) -> LoadedModel:
-        """`target` (loaded eager, any dtype) quantised to these weights, cast to this dtype, on this backend."""
+        """`target` (loaded eager, any dtype) quantised to these weights, cast to this dtype, on this backend. The
+        openvino backend compresses the float weights itself (NNCF's grid, not aten's), so it is handed them."""
+        if self.backend == OPENVINO:
+            if self.dtype != "float32":
+                raise SpecbenchError(f"{self.label}: the openvino backend runs float32 activations (eval.dtype=float32)")
+            return with_openvino(target, self.weights)
         return with_backend(with_dtype(with_weights(target, self.weights), self.dtype), self.backend)

@@ -36,7 +36,7 @@ from specbench.hardware.modelled.roofline import roofline_step_time
 from specbench.hardware.modelled.spec import HardwareSpec
 from specbench.execution import attention, backends, linears, quantize
 from specbench.execution.attention import attention_tag
-from specbench.execution.backends import BACKENDS, supported, with_backend
+from specbench.execution.backends import BACKENDS, OPENVINO, supported, with_backend
 from specbench.execution.value import Execution
 from specbench.models.loading import LoadedModel, cache_dir, cache_root, torch_dtype, with_dtype
 from specbench.execution.quantize import Int4Linear, Int8Linear, W8A8Linear, with_weights
@@ -431,7 +431,8 @@ def _measure_profile(target: LoadedModel, path: Path, dtypes, sizes, contexts, r
                     unsupported[label] = why
                     print(f"  {label}: not measured: {why}")
                     continue
-                run = with_backend(cast, backend)
+                # openvino compresses the float weights itself (Execution.apply hands it them)
+                run = Execution(backend, name, fmt).apply(target) if backend == OPENVINO else with_backend(cast, backend)
                 why = _dominated(run.model, fmt, frames, sizes, contexts[0])
                 if why:
                     unsupported[label] = why

@@ -1,0 +1,268 @@
+"""The `openvino` backend: the target's forward run by OpenVINO's CPU runtime, the cache and the loop left as they are.
+
+Why: a 135M model's eager PyTorch forward is mostly dispatch (SmolLM2 int4 on a 2-core Cascade Lake: 37 ms for one
+row, 66 for eight), where OpenVINO's runtime runs the same layers as a few fused kernels (its int4 IR: 6.0 and 8.7 ms,
+stateful). Compiling one graph ahead of time is what the deployment engines do; here it serves every method's verify.
+
+The IR is stateless, so nothing of transformers' cache or of the methods changes: the model is traced by
+`openvino.convert_model` with its inputs as the verify gives them -- input embeddings (the embedding lookup stays in
+PyTorch, so PPD's prompt-token embeddings pass through it too), a 4D boolean mask (a tree's, or the causal one),
+position ids and every layer's cached keys and values -- and its outputs are the logits, every hidden state (EAGLE and
+Medusa read them) and only the new rows' keys and values, which the adapter appends to the run's own DynamicCache (so
+cropping and committing a path work unchanged). Weights: `fp` keeps the float32 weights; `int8` and `int4_g<group>`
+are compressed by NNCF (int8 symmetric per output channel; int4 asymmetric in groups, NNCF's grid with an integer zero
+point, which is not aten's grid of execution/quantize.py: an openvino int4 target is a target of its own). The IR is
+cached under the specbench cache, keyed by the model and the versions that shape it; OpenVINO's compiled blobs too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from transformers import DynamicCache
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from specbench.errors import SpecbenchError
+from specbench.models.loading import LoadedModel, cache_dir, with_dtype
+
+INSTALL = "pip install -e '.[engines]'"
+# transformers' SDPA repeats each key/value head for its query heads unless told the kernel takes grouped heads; the
+# IR's attention then reads the cache once instead of broadcasting it to every query head (4 of 32 ms a step)
+FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
+
+
+def unsupported(dtype: torch.dtype, device: torch.device, weights: str = "fp") -> str | None:
+    """None when OpenVINO can run this execution here, else why not (one line)."""
+    try:
+        import nncf  # noqa: F401
+        import openvino  # noqa: F401
+    except ImportError:
+        return f"OpenVINO is not installed ({INSTALL})"
+    if device.type != "cpu":
+        return "the openvino backend runs on the CPU"
+    if dtype != torch.float32:
+        return "the openvino backend runs float32 activations (eval.dtype=float32)"
+    if weights == "w8a8":
+        return "the openvino backend compresses weights only (fp, int8, int4_g<group>), not w8a8"
+    return None
+
+
+def check_run(dtype: str, weights: str, config=None) -> None:
+    """model.backend=openvino's settings, before any model loads: installed, float32 (or auto) activations, weights
+    NNCF compresses, an int4 group dividing the model's widths when its config is known."""
+    if dtype not in ("float32", "auto"):
+        raise SpecbenchError(f"model.backend=openvino with eval.dtype={dtype}: the openvino backend runs float32 "
+                             f"activations; set eval.dtype=float32")
+    reason = unsupported(torch.float32, torch.device("cpu"), weights) or group_problem(config, weights)
+    if reason:
+        raise SpecbenchError(f"model.backend=openvino with model.weights={weights}: {reason}")
+
+
+def group_problem(config, weights: str) -> str | None:
+    """Why NNCF cannot compress this model's linears to `weights` (int4_g<group>: the group must divide every
+    linear's input width), None when it can or the config is unknown."""
+    if config is None or not weights.startswith("int4_g"):
+        return None
+    group = int(weights[len("int4_g"):])
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    widths = sorted({config.hidden_size, config.intermediate_size, config.num_attention_heads * head_dim})
+    if any(n % group for n in widths):
+        return f"the group must divide every linear's input width ({', '.join(map(str, widths))})"
+    return None
+
+
+def ir_folder(loaded: LoadedModel, kind: str) -> Path:
+    """Where an IR of `loaded`'s float weights is cached: keyed by the model's source and config, two of its weights
+    (a draft artifact or a changed checkpoint moves them) and the OpenVINO and transformers versions."""
+    import openvino as ov
+    import transformers
+
+    params = list(loaded.model.parameters())
+    first, last = (p.detach().float().sum().item() for p in (params[0], params[-1]))
+    identity = f"{loaded.source}:{loaded.model.config.to_json_string()}:{first}:{last}"
+    key = hashlib.sha1(f"{identity}:{ov.__version__}:{transformers.__version__}".encode()).hexdigest()[:10]
+    return cache_dir("openvino") / f"{loaded.name}-{key}-{kind}"
+
+
+def compressed(ir, weights: str):
+    """`ir` with its weights compressed by NNCF: int8 symmetric per output channel, int4_g<group> asymmetric in groups
+    (NNCF keeps the embedding and the head in int8 for int4, its default); fp, fp32 and fp16 leave it as it is."""
+    if weights in ("fp", "fp32", "fp16"):
+        return ir
+    import nncf
+
+    if weights == "int8":
+        return nncf.compress_weights(ir, mode=nncf.CompressWeightsMode.INT8_SYM)
+    return nncf.compress_weights(ir, mode=nncf.CompressWeightsMode.INT4_ASYM, group_size=int(weights[len("int4_g"):]),
+                                 ratio=1.0)
+
+
+def flat_cache(config, past) -> DynamicCache:
+    """A DynamicCache holding `past` (key, value per layer, flat), its layers filled directly: DynamicCache.update
+    would concatenate onto an empty 1-D tensor, which the OpenVINO frontend cannot give a rank."""
+    cache = DynamicCache(config=config)
+    for i, layer in enumerate(cache.layers):
+        layer.lazy_initialization(past[2 * i], past[2 * i + 1])
+        layer.keys, layer.values = past[2 * i], past[2 * i + 1]
+    return cache
+
+
+class _Traced(nn.Module):
+    """The forward the IR holds (module docstring): embeddings, mask, positions and the cache in; logits, hidden
+    states and the new rows' keys and values out."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, inputs_embeds, attention_mask, position_ids, *past):
+        cache = flat_cache(self.model.config, past)
+        out = self.model(inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=cache, use_cache=True, output_hidden_states=True)
+        start = past[0].shape[2]
+        new = [t[:, :, start:] for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
+        return (out.logits, *out.hidden_states, *new)
+
+
+def _export(model: nn.Module, weights: str, folder: Path) -> None:
+    import openvino as ov
+
+    config = model.config
+    kv_heads, layers = config.num_key_value_heads, config.num_hidden_layers
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    n, past = 3, 2
+    mask = torch.ones(n, past + n, dtype=torch.bool).tril(past)[None, None]
+    example = (torch.zeros(1, n, config.hidden_size), mask, torch.arange(past, past + n)[None],
+               *[torch.zeros(1, kv_heads, past, head_dim) for _ in range(2 * layers)])
+    gqa = os.environ.get(FORCE_GQA)
+    os.environ[FORCE_GQA] = "1"
+    try:  # the trace's warnings are about code paths of the model it specialises, nothing a user acts on
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ir = ov.convert_model(_Traced(model), example_input=example)
+    except Exception as exc:  # noqa: BLE001  (the frontend raises its own types)
+        lines = [line for line in str(exc).splitlines() if line.strip()]
+        raise SpecbenchError(f"model.backend=openvino cannot export this model: openvino.convert_model failed: "
+                             f"{lines[-1][:200] if lines else type(exc).__name__}") from exc
+    finally:
+        if gqa is None:
+            os.environ.pop(FORCE_GQA)
+        else:
+            os.environ[FORCE_GQA] = gqa
+    names = ["inputs_embeds", "attention_mask", "position_ids",
+             *[f"past.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]]
+    shapes = [[-1, -1, config.hidden_size], [-1, 1, -1, -1], [-1, -1], *[[-1, kv_heads, -1, head_dim]] * 2 * layers]
+    for port, name, shape in zip(ir.inputs, names, shapes):
+        port.get_tensor().set_names({name})
+        port.get_node().set_partial_shape(ov.PartialShape(shape))
+    ir.validate_nodes_and_infer_types()
+    tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    ov.save_model(compressed(ir, weights), tmp / "openvino_model.xml", compress_to_fp16=False)
+    try:
+        tmp.rename(folder)
+    except OSError:  # another process exported it meanwhile: keep theirs
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+class OpenVinoForward(nn.Module):
+    """A causal LM's forward as the methods call it (input ids or embeddings, a 4D or 2D mask or none, positions, a
+    DynamicCache), run by a compiled OpenVINO IR (module docstring). The embedding stays a PyTorch module, so
+    `get_input_embeddings`, `parameters()` and the memory accounting see it."""
+
+    def __init__(self, model: nn.Module, compiled, threads: int) -> None:
+        super().__init__()
+        self.embed = model.get_input_embeddings()
+        self.config, self.generation_config = model.config, model.generation_config
+        self.request = compiled.create_infer_request()
+        self.layers = model.config.num_hidden_layers
+        self.outputs = len(compiled.outputs)
+        self.hidden_count = self.outputs - 1 - 2 * self.layers
+        self.threads = threads
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.embed
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                inputs_embeds=None, use_cache=True, output_hidden_states=False, **_):
+        embeds = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
+        embeds = embeds.to(torch.float32)
+        batch, n = embeds.shape[:2]
+        cache = past_key_values if past_key_values is not None else DynamicCache(config=self.config)
+        past = cache.get_seq_length()
+        mask = _mask(attention_mask, batch, n, past)
+        if position_ids is None:
+            position_ids = torch.arange(past, past + n)[None].expand(batch, n)
+        inputs = [embeds, mask, position_ids.to(torch.int64)]
+        for layer in range(self.layers):
+            if past:
+                inputs += [cache.layers[layer].keys, cache.layers[layer].values]
+            else:
+                head_dim = getattr(self.config, "head_dim", None) or self.config.hidden_size // \
+                    self.config.num_attention_heads
+                inputs += [torch.zeros(batch, self.config.num_key_value_heads, 0, head_dim)] * 2
+        # copied into the request's own buffers: shared (share_inputs=True, or tensors made with shared_memory) the
+        # cache's arrays made OpenVINO's CPU plugin corrupt the heap on the call after a tree verify (glibc: corrupted
+        # double-linked list), as if it wrote past them; a copy of a 135M model's cache is well under a millisecond
+        self.request.infer([t.detach().numpy() for t in inputs])
+        outs = [torch.from_numpy(self.request.get_output_tensor(i).data) for i in range(self.outputs)]
+        new = outs[1 + self.hidden_count:]
+        for layer in range(self.layers):  # copies: the request's output buffers are reused by the next call
+            cache.update(new[2 * layer].clone(), new[2 * layer + 1].clone(), layer)
+        hidden = tuple(h.clone() for h in outs[1:1 + self.hidden_count]) if output_hidden_states else None
+        return CausalLMOutputWithPast(logits=outs[0].clone(), past_key_values=cache, hidden_states=hidden)
+
+
+def _mask(mask: torch.Tensor | None, batch: int, n: int, past: int) -> torch.Tensor:
+    """The 4D boolean mask the IR takes: a 4D mask as given, else causal over the new rows, with a 2D padding mask
+    (batch, past + n) applied to the keys when given."""
+    if mask is not None and mask.dim() == 4:
+        return mask.to(torch.bool)
+    causal = torch.ones(n, past + n, dtype=torch.bool).tril(past)[None, None].expand(batch, 1, n, past + n)
+    return causal if mask is None else causal & mask.to(torch.bool)[:, None, None, :]
+
+
+def with_openvino(target: LoadedModel, weights: str) -> LoadedModel:
+    """`target`'s float weights exported (once per machine) to an OpenVINO IR in `weights`, compiled for this CPU
+    with PyTorch's thread count and float32 inference."""
+    import openvino as ov
+
+    reason = unsupported(torch.float32, next(target.model.parameters()).device, weights)
+    if reason:
+        raise SpecbenchError(f"model.backend=openvino cannot run here: {reason}")
+    problem = group_problem(target.model.config, weights)
+    if problem:
+        raise SpecbenchError(f"model.backend=openvino cannot compress {target.name} to {weights}: {problem}")
+    if target.weights != "fp" or target.backend != "eager":
+        raise SpecbenchError(f"model.backend=openvino compresses the float weights itself; it was given a target "
+                             f"already quantised to {target.weights}")
+    fp32 = with_dtype(target, "float32")
+    folder = ir_folder(fp32, f"verify-{weights}")
+    if not (folder / "openvino_model.xml").exists():
+        print(f"notice: exporting {target.name} to an OpenVINO IR ({weights}) once, into {folder}")
+        _export(fp32.model, weights, folder)
+    core = ov.Core()
+    core.set_property({"CACHE_DIR": str(cache_dir("openvino") / "compiled")})
+    threads = torch.get_num_threads()
+    compiled = core.compile_model(str(folder / "openvino_model.xml"), "CPU",
+                                  {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY",
+                                   "INFERENCE_PRECISION_HINT": "f32"})
+    return dataclasses.replace(target, model=OpenVinoForward(fp32.model, compiled, threads), backend="openvino",
+                               weights=weights)
