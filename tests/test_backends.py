@@ -284,3 +284,4 @@ def test_openvino_settings_it_cannot_run_are_one_line_before_the_model_loads(ove
                       tmp_path / "run")
     with pytest.raises(SpecbenchError, match=message):
         eval_task.run(cfg)
+

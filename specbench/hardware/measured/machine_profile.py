@@ -34,7 +34,7 @@ from specbench.hardware.measured.machine import fingerprint, machine_info
 from specbench.hardware.measured.profiler import latency_profile
 from specbench.hardware.modelled.roofline import roofline_step_time
 from specbench.hardware.modelled.spec import HardwareSpec
-from specbench.execution import attention, backends, linears, quantize
+from specbench.execution import attention, backends, linears, openvino, quantize
 from specbench.execution.attention import attention_tag
 from specbench.execution.backends import BACKENDS, OPENVINO, supported, with_backend
 from specbench.execution.value import Execution
@@ -346,7 +346,7 @@ def _end_slope(xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
 
 # The modules whose code decides what a profiled forward costs: a profile cached by another version of them (say,
 # a compiled backend before its weights were frozen) would steer every later run by numbers this code no longer gives.
-MEASURED_BY = (backends, quantize, linears, attention, profiler)
+MEASURED_BY = (backends, quantize, linears, attention, openvino, profiler)
 
 
 def code_digest(files=None) -> str:
