@@ -66,12 +66,12 @@ def unsupported(dtype: torch.dtype, device: torch.device, weights: str = "fp") -
 def check_run(dtype: str, weights: str, config=None) -> None:
     """model.backend=openvino's settings, before any model loads: installed, float32 (or auto) activations, weights
     NNCF compresses, an int4 group dividing the model's widths when its config is known."""
-    if dtype not in ("float32", "auto"):
-        raise SpecbenchError(f"model.backend=openvino with eval.dtype={dtype}: the openvino backend runs float32 "
-                             f"activations; set eval.dtype=float32")
     reason = unsupported(torch.float32, torch.device("cpu"), weights) or group_problem(config, weights)
     if reason:
         raise SpecbenchError(f"model.backend=openvino with model.weights={weights}: {reason}")
+    if dtype not in ("float32", "auto"):
+        raise SpecbenchError(f"model.backend=openvino with eval.dtype={dtype}: the openvino backend runs float32 "
+                             f"activations; set eval.dtype=float32")
 
 
 def group_problem(config, weights: str) -> str | None:
