@@ -268,3 +268,22 @@ def test_the_assistant_of_a_quantised_target_is_derived_from_its_float_weights(t
                                         tmp_path / "run"))
     row = summary.set_index("method").loc["transformers:assistant"]
     assert row["weights"] == "int4_g32" and row["tau"] >= 1.0 and row["agreement"] > 0
+
+
+def test_an_engine_draft_given_twice_or_missing_is_one_line_before_any_model_loads(tmp_path, monkeypatch):
+    """llama.cpp drafts with a GGUF (`draft`) or the project's distilled draft (`draft_checkpoint`): both at once was
+    silently the GGUF, and a missing file was found only after the target loaded."""
+    monkeypatch.setitem(registry.ENGINES, "llama_cpp", registry.EngineKind("json", "llama-cpp-python",
+                                                                           (PLAIN, "draft"), f"{__name__}:build_fake"))
+    monkeypatch.setattr(eval_task, "setup_target", lambda cfg: pytest.fail("a model loaded"))
+    shipped = "artifacts/draft_smollm2_135m.safetensors"
+    base = [*FAST[1:], "model=smollm2_135m", "eval.engines=[llama_cpp:draft]"]
+    cases = [(["eval.engine_options.llama_cpp.draft=x.gguf", f"eval.engine_options.llama_cpp.draft_checkpoint={shipped}"],
+              r"eval.engine_options.llama_cpp gives both draft='x.gguf' and draft_checkpoint='artifacts/.*': give one"),
+             (["eval.engine_options.llama_cpp.draft_checkpoint=no/such.safetensors"],
+              r"eval.engine_options.llama_cpp.draft_checkpoint='no/such.safetensors' does not exist"),
+             (["eval.engine_options.llama_cpp.draft=no_such.gguf"],
+              r"eval.engine_options.llama_cpp.draft='no_such.gguf' does not exist")]
+    for overrides, message in cases:
+        with pytest.raises(SpecbenchError, match=message):
+            eval_task.run(compose_cfg([*base, *overrides], tmp_path))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 import torch
@@ -22,6 +23,7 @@ from specbench.engines.registry import EngineEntry, builder, parse_engines
 from specbench.errors import SpecbenchError
 from specbench.evaluation.evaluator import MethodRun
 from specbench.evaluation.metrics import BASELINE, decoded
+from specbench.models.artifact import resolve_checkpoint
 from specbench.models.loading import LoadedModel, read_config, resolve_path
 from specbench.sampling import SamplingParams
 
@@ -76,7 +78,25 @@ def requested(cfg, sampling: SamplingParams, method_labels: list[str]) -> list[E
             if entry.mode == "draft" and not OmegaConf.select(cfg, "eval.engine_options.openvino.draft_checkpoint"):
                 raise SpecbenchError("eval.engines entry 'openvino:draft' needs a draft of the target's tokenizer: "
                                      "eval.engine_options.openvino.draft_checkpoint=PATH (a distilled draft artifact)")
+        if entry.mode == "draft":
+            _check_draft_options(cfg, entry.engine)
     return entries
+
+
+def _check_draft_options(cfg, engine: str) -> None:
+    """An engine's draft given one way, and its file there, before any model loads (llama.cpp takes a GGUF, `draft`,
+    or the project's distilled draft, `draft_checkpoint`, never both)."""
+    where = f"eval.engine_options.{engine}"
+    options = {key: OmegaConf.select(cfg, f"{where}.{key}") for key in ("draft", "draft_checkpoint")}
+    if engine == "llama_cpp" and all(options.values()):
+        raise SpecbenchError(f"{where} gives both draft={options['draft']!r} and draft_checkpoint="
+                             f"{options['draft_checkpoint']!r}: give one (a GGUF, or a distilled draft artifact)")
+    draft, checkpoint = options["draft"], options["draft_checkpoint"]
+    files = {"draft": None if not draft or str(draft).startswith("assemble:") else resolve_path(str(draft)),
+             "draft_checkpoint": resolve_checkpoint(str(checkpoint)) if checkpoint else None}
+    for key, file in files.items():
+        if file is not None and not Path(file).exists():
+            raise SpecbenchError(f"{where}.{key}={options[key]!r} does not exist; give the path of an existing file")
 
 
 def build_engines(cfg, entries: list[EngineEntry], target: LoadedModel, loaded: LoadedModel) -> list[BuiltEngine]:
