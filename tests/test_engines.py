@@ -278,7 +278,8 @@ def test_an_engine_draft_given_twice_or_missing_is_one_line_before_any_model_loa
     monkeypatch.setattr(eval_task, "setup_target", lambda cfg: pytest.fail("a model loaded"))
     shipped = "artifacts/draft_smollm2_135m.safetensors"
     base = [*FAST[1:], "model=smollm2_135m", "eval.engines=[llama_cpp:draft]"]
-    cases = [(["eval.engine_options.llama_cpp.draft=x.gguf", f"eval.engine_options.llama_cpp.draft_checkpoint={shipped}"],
+    cases = [(["eval.engine_options.llama_cpp.draft=x.gguf",
+               f"eval.engine_options.llama_cpp.draft_checkpoint={shipped}"],
               r"eval.engine_options.llama_cpp gives both draft='x.gguf' and draft_checkpoint='artifacts/.*': give one"),
              (["eval.engine_options.llama_cpp.draft_checkpoint=no/such.safetensors"],
               r"eval.engine_options.llama_cpp.draft_checkpoint='no/such.safetensors' does not exist"),
