@@ -37,6 +37,7 @@ from specbench.execution.attention import check_attention
 from specbench.execution.backends import AUTO, BACKENDS, RUN_KEYS, check_backend
 from specbench.models.loading import DTYPES, check_model_path, load_model, read_config
 from specbench.execution.quantize import FORMATS, GROUP_SIZES, check_weights
+from specbench.models.shape import linear_input_widths
 from specbench.models.tiny import tiny_config, tiny_random
 from specbench.reporting.loggers import check_logger
 from specbench.sampling import SamplingParams
@@ -209,9 +210,7 @@ def check_fits_model(cfg: DictConfig, budgets: dict[str, object]) -> None:
                                  f"(model {name}'s context of {context} tokens less one prompt token)")
     if int4_used(cfg):
         group = model.get("group_size", 32)
-        heads = getattr(config, "num_attention_heads", 1)
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        inputs = sorted({config.hidden_size, config.intermediate_size, heads * head_dim})
+        inputs = linear_input_widths(config)
         if any(n % group for n in inputs):
             fits = [g for g in GROUP_SIZES if not any(n % g for n in inputs)]
             raise SpecbenchError(f"model.group_size={group} is invalid for model {name}: it must divide every "

@@ -34,6 +34,7 @@ from specbench.errors import SpecbenchError
 from specbench.models.distilled_draft import load_distilled_draft
 from specbench.execution.openvino import compressed, flat_cache, group_problem, ir_folder
 from specbench.models.loading import LoadedModel, with_dtype
+from specbench.models.shape import head_dim
 
 log = logging.getLogger(__name__)
 WEIGHTS = re.compile(r"fp32|fp16|int8|int4_g(\d+)")
@@ -142,11 +143,11 @@ def stateful_ir(model: torch.nn.Module) -> ov.Model:
     """`model` traced with its cache as inputs/outputs, then made stateful the way GenAI expects (module docstring)."""
     config = model.config
     layers, kv_heads = config.num_hidden_layers, config.num_key_value_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    width = head_dim(config)
     past = [f"past_key_values.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
     present = [f"present.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
     example = (torch.ones(1, 3, dtype=torch.long), torch.ones(1, 5, dtype=torch.long), torch.arange(2, 5)[None],
-               *[torch.zeros(1, kv_heads, 2, head_dim) for _ in past])
+               *[torch.zeros(1, kv_heads, 2, width) for _ in past])
     try:  # the trace's warnings are about code paths of the model it specialises, nothing a user acts on
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
@@ -157,8 +158,7 @@ def stateful_ir(model: torch.nn.Module) -> ov.Model:
         raise EngineUnavailable(f"openvino.convert_model failed: {lines[-1][:200] if lines else type(exc).__name__}")
     for port, name in zip(ir.inputs, ["input_ids", "attention_mask", "position_ids", *past]):
         port.get_tensor().set_names({name})
-        port.get_node().set_partial_shape(ov.PartialShape([-1, -1] if "past" not in name else [-1, kv_heads, -1,
-                                                                                                 head_dim]))
+        port.get_node().set_partial_shape(ov.PartialShape([-1, kv_heads, -1, width] if "past" in name else [-1, -1]))
     for port, name in zip(ir.outputs, ["logits", *present]):
         port.get_tensor().set_names({name})
     ir.validate_nodes_and_infer_types()
@@ -177,7 +177,7 @@ def stateful_ir(model: torch.nn.Module) -> ov.Model:
     apply_make_stateful_transformation(ir, dict(zip(past, present)))
     batch = opset13.gather(opset13.shape_of(ir.input("input_ids"), output_type="i64"), opset13.constant([0]),
                            opset13.constant(0))
-    empty = opset13.concat([batch, opset13.constant(np.array([kv_heads, 0, head_dim], dtype=np.int64))], axis=0)
+    empty = opset13.concat([batch, opset13.constant(np.array([kv_heads, 0, width], dtype=np.int64))], axis=0)
     for op in ir.get_ops():
         if op.get_type_name() == "ReadValue":  # each state starts as an empty cache of the batch's size
             op.set_arguments([opset13.broadcast(opset13.constant(0.0, dtype=op.get_output_element_type(0)), empty)])

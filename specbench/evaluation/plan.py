@@ -146,8 +146,7 @@ def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Pat
         per_method[EAGER_REFERENCE] = {**BASELINE_SETTINGS, "dtype": execution.dtype, "backend": "eager"}
 
     def cast_to(d: str, w: str) -> LoadedModel:
-        same = (d, w) == (execution.dtype, execution.weights) and not openvino
-        return cast if same else Execution("eager", d, w).apply(loaded)
+        return cast if (d, w) == (execution.dtype, cast.weights) else Execution("eager", d, w).apply(loaded)
 
     def run_as(b: str, d: str, w: str) -> LoadedModel:
         if (b, d, w) == execution.own:

@@ -1,8 +1,10 @@
 """The `openvino` backend: the target's forward run by OpenVINO's CPU runtime, the cache and the loop left as they are.
 
-Why: a 135M model's eager PyTorch forward is mostly dispatch (SmolLM2 int4 on a 2-core Cascade Lake: 37 ms for one
-row, 66 for eight), where OpenVINO's runtime runs the same layers as a few fused kernels (its int4 IR: 6.0 and 8.7 ms,
-stateful). Compiling one graph ahead of time is what the deployment engines do; here it serves every method's verify.
+Why: a 135M model's eager PyTorch forward is mostly dispatch, and its cost grows with the rows of a verify (SmolLM2
+int4 on a 2-core Cascade Lake: 37 ms for one row, 61 for eight, 82 for sixteen), where OpenVINO's runtime runs the
+same layers as a few fused kernels (this IR, int4_g64: 24.4, 41.7 and 50.0 ms in the machine profile of
+experiments/openvino_same_model). Compiling one graph ahead of time is what the deployment engines do; here it serves
+every method's verify.
 
 The IR is stateless, so nothing of transformers' cache or of the methods changes: the model is traced by
 `openvino.convert_model` with its inputs as the verify gives them -- input embeddings (the embedding lookup stays in
@@ -24,7 +26,6 @@ import shutil
 import warnings
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 from transformers import DynamicCache
@@ -32,10 +33,12 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from specbench.errors import SpecbenchError
 from specbench.models.loading import LoadedModel, cache_dir, with_dtype
+from specbench.models.shape import head_dim, linear_input_widths
 
 INSTALL = "pip install -e '.[engines]'"
 # transformers' SDPA repeats each key/value head for its query heads unless told the kernel takes grouped heads; the
-# IR's attention then reads the cache once instead of broadcasting it to every query head (4 of 32 ms a step)
+# IR's attention then reads the cache once instead of broadcasting it to every query head (the 4 ms Broadcast op of
+# OpenVINO's per-op profile of an 8-row verify went away; the wall time moved within its noise)
 FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
 # float32 activations, never quantised on the fly: with OpenVINO's default dynamic quantisation (activations to int8 in
 # groups of 32 before an int4 or int8 FC) a 16-row verify of SmolLM2 int4_g64 gave logits up to 0.84 away from the same
@@ -80,8 +83,7 @@ def group_problem(config, weights: str) -> str | None:
     if config is None or not weights.startswith("int4_g"):
         return None
     group = int(weights[len("int4_g"):])
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    widths = sorted({config.hidden_size, config.intermediate_size, config.num_attention_heads * head_dim})
+    widths = linear_input_widths(config)
     if any(n % group for n in widths):
         return f"the group must divide every linear's input width ({', '.join(map(str, widths))})"
     return None
@@ -147,12 +149,11 @@ def _export(model: nn.Module, weights: str, folder: Path) -> None:
     import openvino as ov
 
     config = model.config
-    kv_heads, layers = config.num_key_value_heads, config.num_hidden_layers
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_heads, layers, width = config.num_key_value_heads, config.num_hidden_layers, head_dim(config)
     n, past = 3, 2
     mask = torch.ones(n, past + n, dtype=torch.bool).tril(past)[None, None]
     example = (torch.zeros(1, n, config.hidden_size), mask, torch.arange(past, past + n)[None],
-               torch.zeros(2 * layers, 1, kv_heads, past, head_dim))
+               torch.zeros(2 * layers, 1, kv_heads, past, width))
     gqa = os.environ.get(FORCE_GQA)
     os.environ[FORCE_GQA] = "1"
     try:  # the trace's warnings are about code paths of the model it specialises, nothing a user acts on
@@ -169,7 +170,7 @@ def _export(model: nn.Module, weights: str, folder: Path) -> None:
         else:
             os.environ[FORCE_GQA] = gqa
     names = ["inputs_embeds", "attention_mask", "position_ids", "past"]
-    shapes = [[-1, -1, config.hidden_size], [-1, 1, -1, -1], [-1, -1], [2 * layers, -1, kv_heads, -1, head_dim]]
+    shapes = [[-1, -1, config.hidden_size], [-1, 1, -1, -1], [-1, -1], [2 * layers, -1, kv_heads, -1, width]]
     for port, name, shape in zip(ir.inputs, names, shapes):
         port.get_tensor().set_names({name})
         port.get_node().set_partial_shape(ov.PartialShape(shape))
@@ -189,13 +190,13 @@ class OpenVinoForward(nn.Module):
     DynamicCache), run by a compiled OpenVINO IR (module docstring). The embedding stays a PyTorch module, so
     `get_input_embeddings`, `parameters()` and the memory accounting see it."""
 
-    def __init__(self, model: nn.Module, compiled, threads: int) -> None:
+    def __init__(self, model: nn.Module, compiled) -> None:
         super().__init__()
         self.embed = model.get_input_embeddings()
         self.config, self.generation_config = model.config, model.generation_config
         self.request = compiled.create_infer_request()
         self.layers = model.config.num_hidden_layers
-        self.threads = threads
+        self.empty_cache = (2 * self.layers, model.config.num_key_value_heads, 0, head_dim(model.config))
 
     @property
     def device(self) -> torch.device:
@@ -219,11 +220,10 @@ class OpenVinoForward(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(past, past + n)[None].expand(batch, n)
         if past:
-            cached = torch.stack([t for layer in cache.layers[:self.layers] for t in (layer.keys, layer.values)])
+            cached = torch.stack([t for layer in cache.layers for t in (layer.keys, layer.values)])
         else:
-            head_dim = getattr(self.config, "head_dim", None) or self.config.hidden_size // \
-                self.config.num_attention_heads
-            cached = torch.zeros(2 * self.layers, batch, self.config.num_key_value_heads, 0, head_dim)
+            layers_kv, kv_heads, _, width = self.empty_cache
+            cached = torch.zeros(layers_kv, batch, kv_heads, 0, width)
         # copied into the request's own buffers: shared (share_inputs=True, or tensors made with shared_memory) the
         # cache's arrays made OpenVINO's CPU plugin corrupt the heap on the call after a tree verify (glibc: corrupted
         # double-linked list), as if it wrote past them; a copy of a 135M model's cache is well under a millisecond
@@ -257,8 +257,9 @@ def with_openvino(target: LoadedModel, weights: str) -> LoadedModel:
     if problem:
         raise SpecbenchError(f"model.backend=openvino cannot compress {target.name} to {weights}: {problem}")
     if target.weights != "fp" or target.backend != "eager":
-        raise SpecbenchError(f"model.backend=openvino compresses the float weights itself; it was given a target "
-                             f"already quantised to {target.weights}")
+        raise SpecbenchError(f"model.backend=openvino compresses the float weights itself; it was given a target with "
+                             f"weights {target.weights} on backend {target.backend}: give it the eager float model "
+                             f"(Execution('openvino', 'float32', '{weights}').apply does)")
     fp32 = with_dtype(target, "float32")
     folder = ir_folder(fp32, f"forward-{weights}")
     if not (folder / "openvino_model.xml").exists():
@@ -266,8 +267,7 @@ def with_openvino(target: LoadedModel, weights: str) -> LoadedModel:
         _export(fp32.model, weights, folder)
     core = ov.Core()
     core.set_property({"CACHE_DIR": str(cache_dir("openvino") / "compiled")})
-    threads = torch.get_num_threads()
     compiled = core.compile_model(str(folder / "openvino_model.xml"), "CPU",
-                                  PROPERTIES | {"INFERENCE_NUM_THREADS": threads})
-    return dataclasses.replace(target, model=OpenVinoForward(fp32.model, compiled, threads), backend="openvino",
+                                  PROPERTIES | {"INFERENCE_NUM_THREADS": torch.get_num_threads()})
+    return dataclasses.replace(target, model=OpenVinoForward(fp32.model, compiled), backend="openvino",
                                weights=weights)

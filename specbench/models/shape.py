@@ -63,9 +63,21 @@ class ModelShape:
         formats = {m.weight_format for m in model.modules() if hasattr(m, "weight_format")}  # execution/quantize.py
         return cls(params=sum(p.numel() for p in model.parameters()), layers=text.num_hidden_layers,
                    hidden=text.hidden_size, heads=heads, kv_heads=getattr(text, "num_key_value_heads", heads),
-                   head_dim=getattr(text, "head_dim", None) or text.hidden_size // heads,
+                   head_dim=head_dim(text),
                    intermediate=text.intermediate_size, vocab=text.vocab_size,
                    dtype=dtype or (formats.pop() if len(formats) == 1 else names[str(next(model.parameters()).dtype)]))
+
+
+def head_dim(config) -> int:
+    """Each attention head's width: the config's own, else hidden / heads (Llama-style configs state none)."""
+    return getattr(config, "head_dim", None) or config.hidden_size // getattr(config, "num_attention_heads", 1)
+
+
+def linear_input_widths(config) -> list[int]:
+    """The input widths of a decoder layer's linears (hidden: q/k/v and gate/up; heads x head width: o; intermediate:
+    down): what an int4 group must divide."""
+    return sorted({config.hidden_size, config.intermediate_size,
+                   getattr(config, "num_attention_heads", 1) * head_dim(config)})
 
 
 # Named shapes, from each model's config.json on the Hugging Face hub (parameter counts include the embeddings).
