@@ -47,6 +47,11 @@ FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
 # the rows it keeps equal does not hold it either: with it on, the largest row count whose rows equal their one-row
 # forwards bitwise varied with the context, not the rows alone (24, 12, 24, 8, 24, 16, 3, 8 rows after 16, 48, 64, 100,
 # 128, 200, 300, 500 cached tokens). Off costs speed: a one-row forward 27 -> 39 ms, L(64) 97 -> 142 ms.
+# the cache goes in padded with masked-out keys to a multiple of this many tokens: OpenVINO's CPU plugin prepares every
+# node again for an input shape it has not just run, 5-9 ms of a 27 ms one-row SmolLM2 call at a new context length
+# against the same length again (a context padded to 256 with its last keys masked ran as fast as the same length:
+# /work/notes/stop44/ovshape.py); a masked key adds an exact zero to the softmax
+BUCKET = 32
 PROPERTIES = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
 
 
@@ -216,14 +221,16 @@ class OpenVinoForward(nn.Module):
         batch, n = embeds.shape[:2]
         cache = past_key_values if past_key_values is not None else DynamicCache(config=self.config)
         past = cache.get_seq_length()
-        mask = _mask(attention_mask, batch, n, past)
+        padded = -(-past // BUCKET) * BUCKET
+        mask = _padded(_mask(attention_mask, batch, n, past), past, padded)
         if position_ids is None:
             position_ids = torch.arange(past, past + n)[None].expand(batch, n)
+        layers_kv, kv_heads, _, width = self.empty_cache
+        cached = torch.empty(layers_kv, batch, kv_heads, padded, width)
+        cached[:, :, :, past:].zero_()  # masked out, but finite: a masked key's weight is 0, and 0 * nan is nan
         if past:
-            cached = torch.stack([t for layer in cache.layers for t in (layer.keys, layer.values)])
-        else:
-            layers_kv, kv_heads, _, width = self.empty_cache
-            cached = torch.zeros(layers_kv, batch, kv_heads, 0, width)
+            for i, t in enumerate(t for layer in cache.layers for t in (layer.keys, layer.values)):
+                cached[i, :, :, :past] = t
         # copied into the request's own buffers: shared (share_inputs=True, or tensors made with shared_memory) the
         # cache's arrays made OpenVINO's CPU plugin corrupt the heap on the call after a tree verify (glibc: corrupted
         # double-linked list), as if it wrote past them; a copy of a 135M model's cache is well under a millisecond
@@ -234,6 +241,18 @@ class OpenVinoForward(nn.Module):
             cache.update(new[2 * layer].clone(), new[2 * layer + 1].clone(), layer)
         hidden = tuple(h.clone() for h in hidden) if output_hidden_states else None
         return CausalLMOutputWithPast(logits=logits.clone(), past_key_values=cache, hidden_states=hidden)
+
+
+def _padded(mask: torch.Tensor, past: int, padded: int) -> torch.Tensor:
+    """`mask` (batch, 1, n, past + n) with padded - past masked-out keys between the cached ones and the new rows,
+    the columns of the cache `forward` gives the IR, padded to a multiple of BUCKET."""
+    if padded == past:
+        return mask
+    batch, _, n, _ = mask.shape
+    out = torch.zeros(batch, 1, n, padded + n, dtype=torch.bool)
+    out[..., :past] = mask[..., :past]
+    out[..., padded:] = mask[..., past:]
+    return out
 
 
 def _mask(mask: torch.Tensor | None, batch: int, n: int, past: int) -> torch.Tensor:
