@@ -6,7 +6,6 @@ import logging
 import os
 import shlex
 import sys
-import warnings
 from pathlib import Path
 
 import hydra
@@ -16,9 +15,6 @@ from omegaconf import DictConfig
 import specbench.config  # noqa: F401  (registers the resolvers the configs use)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is fetched from a hub at run time
-# Every forward passes past_key_values=, which transformers 5.24 renames to cache= (the pin in pyproject.toml stops
-# below its removal in 5.40). Its FutureWarning says nothing about the user's run, so it stays off their terminal.
-warnings.filterwarnings("ignore", message=r"`past_key_values` is deprecated", category=FutureWarning)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")

@@ -12,7 +12,9 @@ import dataclasses
 import hashlib
 import importlib
 import importlib.util
+import logging
 import os
+import warnings
 import shutil
 from dataclasses import dataclass
 from functools import lru_cache
@@ -22,6 +24,13 @@ import torch
 
 from specbench.errors import SpecbenchError
 from specbench.files import check_writable
+
+# Every forward here passes past_key_values= and reads .past_key_values, which transformers 5.24 renames to cache= (the
+# pin in pyproject.toml stops below the removal in 5.40). Its notices, a FutureWarning and a logger line, say nothing
+# about the user's run, so they stay off the terminal of `python run.py` and of a notebook alike.
+warnings.filterwarnings("ignore", message=r"`past_key_values` is deprecated", category=FutureWarning)
+logging.getLogger("transformers.utils.generic").addFilter(
+    lambda record: "`past_key_values`/`cache_params` are deprecated" not in record.getMessage())
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
