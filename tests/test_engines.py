@@ -288,3 +288,21 @@ def test_an_engine_draft_given_twice_or_missing_is_one_line_before_any_model_loa
     for overrides, message in cases:
         with pytest.raises(SpecbenchError, match=message):
             eval_task.run(compose_cfg([*base, *overrides], tmp_path))
+
+
+def test_transformers_assistant_options_are_one_line_before_any_model_loads(tmp_path, monkeypatch):
+    """transformers:assistant without an assistant was found only after the machine profile and the target's load
+    (40 s with SmolLM2); both kinds at once silently took the checkpoint; a missing checkpoint failed at its load;
+    transformers:universal without its model likewise."""
+    monkeypatch.setattr(eval_task, "setup_target", lambda cfg: pytest.fail("a model loaded"))
+    shipped = "artifacts/draft_smollm2_135m.safetensors"
+    where = "eval.engine_options.transformers"
+    cases = [("assistant", [], r"'transformers:assistant' needs an assistant: .*assistant_checkpoint=PATH"),
+             ("assistant", [f"{where}.assistant_checkpoint={shipped}", f"{where}.assistant_layers=1"],
+              r"gives both assistant_checkpoint='artifacts/.*' and assistant_layers=1: give one"),
+             ("assistant", [f"{where}.assistant_checkpoint=no/such.safetensors"],
+              r"assistant_checkpoint='no/such.safetensors' does not exist"),
+             ("universal", [], r"'transformers:universal' needs an assistant of another tokenizer")]
+    for mode, overrides, message in cases:
+        with pytest.raises(SpecbenchError, match=message):
+            eval_task.run(compose_cfg([*FAST, f"eval.engines=[transformers:{mode}]", *overrides], tmp_path))

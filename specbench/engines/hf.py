@@ -17,6 +17,7 @@ from specbench.decoding import Generation
 from specbench.engines.base import PLAIN, Clock, Engine, EngineContext
 from specbench.errors import SpecbenchError
 from specbench.execution.backends import RUN_KEYS
+from specbench.models.artifact import resolve_checkpoint
 from specbench.models.distilled_draft import load_distilled_draft
 from specbench.models.early_exit import early_exit
 from specbench.models.loading import LoadedModel, with_dtype
@@ -84,20 +85,37 @@ class TransformersEngine(Engine):
         return clock.generation(prompt_ids, out[0, len(prompt_ids):].tolist(), self.max_new_tokens, self.eos)
 
 
+def check_options(mode: str, own: dict) -> None:
+    """What the assistant and universal modes need from eval.engine_options.transformers (own), said before any
+    model loads: an assistant, given one way, its file there."""
+    if mode == "assistant":
+        checkpoint, layers = own.get("assistant_checkpoint"), own.get("assistant_layers")
+        if not checkpoint and layers is None:
+            raise SpecbenchError("eval.engines entry 'transformers:assistant' needs an assistant: "
+                                 "eval.engine_options.transformers.assistant_checkpoint=PATH (a distilled draft) or "
+                                 "assistant_layers=N (the target's first N layers)")
+        if checkpoint and layers is not None:
+            raise SpecbenchError(f"eval.engine_options.transformers gives both assistant_checkpoint={checkpoint!r} and "
+                                 f"assistant_layers={layers}: give one")
+        if checkpoint and not resolve_checkpoint(str(checkpoint)).exists():
+            raise SpecbenchError(f"eval.engine_options.transformers.assistant_checkpoint={checkpoint!r} does not exist; "
+                                 f"give the path of a distilled draft artifact")
+    elif mode == "universal" and not own.get("universal"):
+        raise SpecbenchError("eval.engines entry 'transformers:universal' needs an assistant of another tokenizer:"
+                             " +model@eval.engine_options.transformers.universal=NAME (a model-group entry)")
+
+
 def build(mode: str, ctx: EngineContext) -> TransformersEngine:
-    """assistant: the distilled draft (eval.engine_options.transformers.assistant_checkpoint) or, with that null,
-    the target's first assistant_layers layers; universal: a model-group entry of another tokenizer
+    """assistant: the distilled draft (eval.engine_options.transformers.assistant_checkpoint) or the target's first
+    assistant_layers layers; universal: a model-group entry of another tokenizer
     (+model@eval.engine_options.transformers.universal=NAME)."""
     opts, own = ctx.options, ctx.options.get("transformers") or {}
+    check_options(mode, own)
     assistant = None
     if mode == "assistant":
         assistant = _assistant(ctx, own.get("assistant_checkpoint"), own.get("assistant_layers"))
     elif mode == "universal":
-        node = own.get("universal")
-        if not node:
-            raise SpecbenchError("eval.engines entry 'transformers:universal' needs an assistant of another tokenizer:"
-                                 " +model@eval.engine_options.transformers.universal=NAME (a model-group entry)")
-        loader = {k: v for k, v in node.items() if k not in RUN_KEYS}
+        loader = {k: v for k, v in own["universal"].items() if k not in RUN_KEYS}
         assistant = instantiate(loader, dtype=str(ctx.target.model.dtype).removeprefix("torch."))
     return TransformersEngine(ctx.target, ctx.max_new_tokens, mode, assistant, opts["lookup_tokens"],
                               opts["lookup_ngram"], opts["draft_tokens"])
@@ -110,8 +128,4 @@ def _assistant(ctx: EngineContext, checkpoint: str | None, layers: int | None) -
         else with_dtype(ctx.loaded, str(ctx.target.model.dtype).removeprefix("torch."))
     if checkpoint:
         return load_distilled_draft(target, checkpoint)
-    if layers is None:
-        raise SpecbenchError("eval.engines entry 'transformers:assistant' needs an assistant: "
-                             "eval.engine_options.transformers.assistant_checkpoint=PATH (a distilled draft) or "
-                             "assistant_layers=N (the target's first N layers)")
     return early_exit(target, layers)

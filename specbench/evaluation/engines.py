@@ -78,6 +78,11 @@ def requested(cfg, sampling: SamplingParams, method_labels: list[str]) -> list[E
             if entry.mode == "draft" and not OmegaConf.select(cfg, "eval.engine_options.openvino.draft_checkpoint"):
                 raise SpecbenchError("eval.engines entry 'openvino:draft' needs a draft of the target's tokenizer: "
                                      "eval.engine_options.openvino.draft_checkpoint=PATH (a distilled draft artifact)")
+        if entry.engine == "transformers":
+            from specbench.engines.hf import check_options
+
+            check_options(entry.mode, OmegaConf.to_container(cfg.eval.engine_options, resolve=True).get("transformers")
+                          or {})
         if entry.mode == "draft":
             _check_draft_options(cfg, entry.engine)
     return entries
