@@ -226,21 +226,31 @@ class OpenVinoForward(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(past, past + n)[None].expand(batch, n)
         layers_kv, kv_heads, _, width = self.empty_cache
-        cached = torch.empty(layers_kv, batch, kv_heads, padded, width)
+        # every input is written straight into the request's own tensors, the cache from its layers in one copy: shared
+        # instead (share_inputs=True, or tensors made with shared_memory) the cache's arrays made OpenVINO's CPU
+        # plugin corrupt the heap on the call after a tree verify (glibc: corrupted double-linked list), as if it
+        # wrote past them
+        cached = self._input(3, (layers_kv, batch, kv_heads, padded, width))
         cached[:, :, :, past:].zero_()  # masked out, but finite: a masked key's weight is 0, and 0 * nan is nan
         if past:
             for i, t in enumerate(t for layer in cache.layers for t in (layer.keys, layer.values)):
                 cached[i, :, :, :past] = t
-        # copied into the request's own buffers: shared (share_inputs=True, or tensors made with shared_memory) the
-        # cache's arrays made OpenVINO's CPU plugin corrupt the heap on the call after a tree verify (glibc: corrupted
-        # double-linked list), as if it wrote past them; a copy of a 135M model's cache is well under a millisecond
-        self.request.infer([embeds.detach().numpy(), mask.numpy(), position_ids.to(torch.int64).numpy(),
-                            cached.numpy()])
+        for port, value in enumerate((embeds.detach(), mask, position_ids.to(torch.int64))):
+            self._input(port, tuple(value.shape)).copy_(value)
+        self.request.infer()
         logits, hidden, new = (torch.from_numpy(self.request.get_output_tensor(i).data) for i in range(3))
         for layer in range(self.layers):  # copies: the request's output buffers are reused by the next call
             cache.update(new[2 * layer].clone(), new[2 * layer + 1].clone(), layer)
         hidden = tuple(h.clone() for h in hidden) if output_hidden_states else None
         return CausalLMOutputWithPast(logits=logits.clone(), past_key_values=cache, hidden_states=hidden)
+
+
+    def _input(self, port: int, shape: tuple[int, ...]) -> torch.Tensor:
+        """The request's own input tensor at `port`, shaped `shape`, as a torch view of its memory."""
+        tensor = self.request.get_input_tensor(port)
+        if tuple(tensor.shape) != shape:
+            tensor.shape = shape
+        return torch.from_numpy(tensor.data)
 
 
 def _padded(mask: torch.Tensor, past: int, padded: int) -> torch.Tensor:
