@@ -285,3 +285,35 @@ def test_openvino_settings_it_cannot_run_are_one_line_before_the_model_loads(ove
     with pytest.raises(SpecbenchError, match=message):
         eval_task.run(cfg)
 
+
+
+@pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed")
+def test_eagle_and_medusa_on_openvino_draft_with_its_heads_and_stay_lossless(tiny, fast, tmp_path):
+    """On an openvino run the vocabulary projections the drafters compute every tree level run on OpenVINO in int8
+    (Drafter.heads_on): EAGLE's draft head and Medusa's tied LM head, never the target's own module; the drafts move
+    within int8's rounding, and the openvino target's verify still decides every token."""
+    from specbench.config import build
+    from specbench.evaluation.methods import build_drafter
+    from specbench.execution.openvino import OpenVinoLinear
+    from tests.conftest import compose_cfg, random_medusa_artifact
+    from tests.test_eagle import eagle_artifact
+
+    eagle = eagle_artifact(tmp_path / "eagle", tiny)
+    medusa = random_medusa_artifact(tmp_path / "medusa", tiny, [[0.6, 0.2], [0.4, 0.2], [0.3, 0.1]])
+    prompt = tiny.tokenizer("the cat sat on the mat and the cat sat")["input_ids"]
+    target = fast["openvino"].model
+    plain = Decoder(target, AutoregressiveDrafter(), ExactAcceptance(), SamplingParams(), 24, tiny.eos_token_ids,
+                    max_context=tiny.max_context).generate(prompt)
+    for method, checkpoint in (("eagle", eagle), ("medusa", medusa)):
+        cfg = compose_cfg(["model=tiny_random", f"method={method}", f"method.checkpoint={checkpoint}", "tree=chain",
+                           "tree.budget=4"])
+        eager = build_drafter(cfg.method.drafter, tiny, build(cfg.tree))
+        drafter = build_drafter(cfg.method.drafter, tiny, build(cfg.tree), "openvino")
+        head = drafter.head.lm_head if method == "eagle" else drafter.lm_head
+        kept = eager.head.lm_head if method == "eagle" else eager.lm_head
+        assert isinstance(head, OpenVinoLinear) and not isinstance(tiny.model.get_output_embeddings(), OpenVinoLinear)
+        x = torch.randn(3, tiny.model.config.hidden_size)
+        assert torch.allclose(head(x), kept(x), atol=0.02 * kept(x).abs().max().item())
+        run = Decoder(target, drafter, ExactAcceptance(), SamplingParams(), 24, tiny.eos_token_ids,
+                      max_context=tiny.max_context).generate(prompt)
+        assert run.tokens == plain.tokens and any(s.tree_size > 1 for s in run.steps), method

@@ -138,6 +138,9 @@ class EagleDrafter(Drafter):
         self.generator: torch.Generator | None = None  # policies sample children when this is set
         self.cache = DynamicCache()
 
+    def heads_on(self, run_linear) -> None:
+        self.head.lm_head = run_linear(self.head.lm_head)
+
     def on_backend(self, run_on) -> None:
         """The head runs on the run's backend, as the target does: eager bf16 linears repack their weights on every
         call (the default dynamic tree drafted in 16.8 ms eager, 11.3 prepacked: experiments/eagle/draft_cost.py).

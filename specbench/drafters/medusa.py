@@ -141,6 +141,12 @@ class MedusaDrafter(Drafter):
     def cost(self) -> DrafterCost:
         return DrafterCost(medusa_heads=self.num_heads)
 
+    def heads_on(self, run_linear) -> None:
+        if self.heads.proj is None:
+            self.lm_head = run_linear(self.lm_head)  # the target's own module stays as it is: this is the drafter's
+        else:
+            self.heads.proj = nn.ModuleList(run_linear(p) for p in self.heads.proj)
+
     def on_backend(self, run_on) -> None:
         if self.backbone is not None:
             self.backbone = run_on(self.backbone)

@@ -27,6 +27,7 @@ from specbench.errors import SpecbenchError
 from specbench.evaluation.engines import HF_GENERATE
 from specbench.evaluation.metrics import BASELINE
 from specbench.execution.backends import OPENVINO, with_backend
+from specbench.execution.openvino import OpenVinoLinear
 from specbench.models.loading import LoadedModel
 from specbench.models.published.files import content_fingerprint
 from specbench.trees.policy import TreePolicy
@@ -157,11 +158,13 @@ def build_drafter(drafter_cfg, target: LoadedModel, tree: TreePolicy, backend: s
     target is the eager model: a drafter may slice it (an early-exit draft) or merge an adapter into a copy (Medusa-2),
     which a compiled or prepacked forward cannot take. The models it derives so then run on `backend`, the run's, as
     the target does (Drafter.on_backend); on openvino they stay eager (an IR export per derived model is not
-    built)."""
+    built), and the vocabulary projections it drafts with every step run on OpenVINO (Drafter.heads_on)."""
     check_tree(drafter_cfg, tree)
     drafter = build(drafter_cfg, target=target, tree=tree)
     if backend != OPENVINO:
         drafter.on_backend(lambda derived: with_backend(derived, backend))
+    else:
+        drafter.heads_on(OpenVinoLinear)
     return drafter
 
 
