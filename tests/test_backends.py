@@ -317,3 +317,14 @@ def test_eagle_and_medusa_on_openvino_draft_with_its_heads_and_stay_lossless(tin
         run = Decoder(target, drafter, ExactAcceptance(), SamplingParams(), 24, tiny.eos_token_ids,
                       max_context=tiny.max_context).generate(prompt)
         assert run.tokens == plain.tokens and any(s.tree_size > 1 for s in run.steps), method
+
+
+@pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed")
+def test_compressing_weights_for_openvino_prints_nothing(capsys):
+    """NNCF prints a bitwidth table and a progress bar for every compression; in a run they reached the terminal of
+    every openvino run that compressed a drafter's head, saying nothing about the run."""
+    from specbench.execution.openvino import OpenVinoLinear
+
+    OpenVinoLinear(torch.nn.Linear(64, 256, bias=False))
+    out = capsys.readouterr()
+    assert out.out == "" and "Compression" not in out.err, out

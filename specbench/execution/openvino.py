@@ -19,9 +19,12 @@ cached under the specbench cache, keyed by the model and the versions that shape
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import hashlib
+import io
+import logging
 import os
 import shutil
 import warnings
@@ -115,10 +118,13 @@ def compressed(ir, weights: str):
         return ir
     import nncf
 
-    if weights == "int8":
-        return nncf.compress_weights(ir, mode=nncf.CompressWeightsMode.INT8_SYM)
-    return nncf.compress_weights(ir, mode=nncf.CompressWeightsMode.INT4_ASYM, group_size=int(weights[len("int4_g"):]),
-                                 ratio=1.0)
+    # its bitwidth table (a log line) and its progress bar (rich, on stdout) say nothing about the user's run
+    nncf.set_log_level(logging.WARNING)
+    with contextlib.redirect_stdout(io.StringIO()):
+        if weights == "int8":
+            return nncf.compress_weights(ir, mode=nncf.CompressWeightsMode.INT8_SYM)
+        return nncf.compress_weights(ir, mode=nncf.CompressWeightsMode.INT4_ASYM,
+                                     group_size=int(weights[len("int4_g"):]), ratio=1.0)
 
 
 def flat_cache(config, past) -> DynamicCache:
