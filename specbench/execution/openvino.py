@@ -51,12 +51,12 @@ FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
 # the rows it keeps equal does not hold it either: with it on, the largest row count whose rows equal their one-row
 # forwards bitwise varied with the context, not the rows alone (24, 12, 24, 8, 24, 16, 3, 8 rows after 16, 48, 64, 100,
 # 128, 200, 300, 500 cached tokens). Off costs speed: a one-row forward 27 -> 39 ms, L(64) 97 -> 142 ms.
+PROPERTIES = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
 # the cache goes in padded with masked-out keys to a multiple of this many tokens: OpenVINO's CPU plugin prepares every
 # node again for an input shape it has not just run, 5-9 ms of a 27 ms one-row SmolLM2 call at a new context length
-# against the same length again (a context padded to 256 with its last keys masked ran as fast as the same length:
-# /work/notes/stop44/ovshape.py); a masked key adds an exact zero to the softmax
+# against the same length again, where a context padded to 256 with its last keys masked ran as fast as the same
+# length (the raw int4_g64 IR on a 2-core Cascade Lake); a masked key adds an exact zero to the softmax
 BUCKET = 32
-PROPERTIES = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
 
 
 def unsupported(dtype: torch.dtype, device: torch.device, weights: str = "fp") -> str | None:
@@ -251,7 +251,6 @@ class OpenVinoForward(nn.Module):
         hidden = tuple(h.clone() for h in hidden) if output_hidden_states else None
         return CausalLMOutputWithPast(logits=logits.clone(), past_key_values=cache, hidden_states=hidden)
 
-
     def _input(self, port: int, shape: tuple[int, ...]) -> torch.Tensor:
         """The request's own input tensor at `port`, shaped `shape`, as a torch view of its memory."""
         tensor = self.request.get_input_tensor(port)
@@ -263,8 +262,8 @@ class OpenVinoForward(nn.Module):
 class OpenVinoLinear(nn.Module):
     """An nn.Linear run by OpenVINO with NNCF's int8 weights (symmetric per output channel), float32 activations: a
     drafter's vocabulary projection, which it computes at every tree level and eager PyTorch reads as the whole float32
-    matrix each time (SmolLM2's tied head, 576 x 49152: 5.7 ms for one row and 5.9 for three eagerly, 1.7 and 2.0 here;
-    /work/notes/stop44/headov.py). For drafting only: the target's verify decides every token, so a draft head in int8
+    matrix each time (SmolLM2's tied head, 576 x 49152, on a 2-core Cascade Lake: 5.7 ms for one row and 5.9 for three
+    eagerly, 1.7 and 2.0 here). For drafting only: the target's verify decides every token, so a draft head in int8
     leaves a run lossless. `weight` stays the float one, which callers read for its shape and dtype."""
 
     def __init__(self, linear: nn.Linear) -> None:
@@ -278,16 +277,23 @@ class OpenVinoLinear(nn.Module):
             ir = ov.convert_model(source, example_input=torch.zeros(2, self.in_features))
         ir.inputs[0].get_node().set_partial_shape(ov.PartialShape([-1, self.in_features]))
         ir.validate_nodes_and_infer_types()
-        core = ov.Core()
-        compiled = core.compile_model(compressed(ir, "int8"), "CPU",
-                                      PROPERTIES | {"INFERENCE_NUM_THREADS": torch.get_num_threads()})
-        self.request = compiled.create_infer_request()
+        self.request = _compiled(compressed(ir, "int8")).create_infer_request()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.detach().reshape(-1, self.in_features).to(torch.float32).contiguous()
         self.request.infer([flat.numpy()])
         out = torch.from_numpy(self.request.get_output_tensor(0).data).clone()  # the request reuses its buffer
         return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def _compiled(model):
+    """`model` (an ov.Model or an IR's path) compiled for this CPU with PyTorch's thread count and PROPERTIES, its
+    blob cached under the specbench cache."""
+    import openvino as ov
+
+    core = ov.Core()
+    core.set_property({"CACHE_DIR": str(cache_dir("openvino") / "compiled")})
+    return core.compile_model(model, "CPU", PROPERTIES | {"INFERENCE_NUM_THREADS": torch.get_num_threads()})
 
 
 def _padded(mask: torch.Tensor, past: int, padded: int) -> torch.Tensor:
@@ -314,8 +320,6 @@ def _mask(mask: torch.Tensor | None, batch: int, n: int, past: int) -> torch.Ten
 def with_openvino(target: LoadedModel, weights: str) -> LoadedModel:
     """`target`'s float weights exported (once per machine) to an OpenVINO IR in `weights`, compiled for this CPU
     with PyTorch's thread count and float32 inference."""
-    import openvino as ov
-
     reason = unsupported(torch.float32, next(target.model.parameters()).device, weights)
     if reason:
         raise SpecbenchError(f"model.backend=openvino cannot run here: {reason}")
@@ -331,9 +335,6 @@ def with_openvino(target: LoadedModel, weights: str) -> LoadedModel:
     if not (folder / "openvino_model.xml").exists():
         print(f"notice: exporting {target.name} to an OpenVINO IR ({weights}) once, into {folder}")
         _export(fp32.model, weights, folder)
-    core = ov.Core()
-    core.set_property({"CACHE_DIR": str(cache_dir("openvino") / "compiled")})
-    compiled = core.compile_model(str(folder / "openvino_model.xml"), "CPU",
-                                  PROPERTIES | {"INFERENCE_NUM_THREADS": torch.get_num_threads()})
+    compiled = _compiled(str(folder / "openvino_model.xml"))
     return dataclasses.replace(target, model=OpenVinoForward(fp32.model, compiled), backend="openvino",
                                weights=weights)

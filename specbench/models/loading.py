@@ -14,8 +14,8 @@ import importlib
 import importlib.util
 import logging
 import os
-import warnings
 import shutil
+import warnings
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
