@@ -136,6 +136,10 @@ def test_transformers_engines_agree_with_our_plain_decoding_in_fp32(tmp_path):
         assert summary.loc[label, "agreement"] == 1.0, label  # greedy, fp32: their speculation is lossless too
         assert summary.loc[label, "tau"] >= 1.0 and summary.loc[label, "tokens_per_s"] > 0
     assert summary.loc["transformers", "tau"] == pytest.approx(1.0)  # one forward per token
+    # an engine reports what each forward gained, never what it drafted: no rejected depth, so no per-depth line
+    # (it read 1.0 at every depth); our own PLD's is measured
+    assert summary.loc["transformers:prompt_lookup", "per_depth_acceptance"] == []
+    assert summary.loc["transformers:prompt_lookup", "tau"] > 1.0 and len(summary.loc["pld", "per_depth_acceptance"])
 
 
 def test_the_clock_counts_forwards_and_cuts_like_our_decoder(monkeypatch):

@@ -47,8 +47,10 @@ def per_depth_acceptance(rows: pd.DataFrame, max_depth: int = 16) -> list[float]
     """P(depth d accepted | depth d-1 accepted and that node had children to try), d = 1..
 
     Conditioning on the accepted node's own children, not on the tree's overall depth: in an unbalanced tree a leaf
-    accepted at depth d-1 offered nothing at depth d and must not count as a failure there."""
-    if not len(rows):
+    accepted at depth d-1 offered nothing at depth d and must not count as a failure there. An engine's rows give
+    none: it reports the tokens each forward gained, never what it drafted, so no rejected depth is seen (every
+    depth would read 1.0)."""
+    if not len(rows) or ("engine" in rows and rows["engine"].notna().all()):
         return []
     accepted = np.concatenate([np.asarray(a, dtype=int) - 1 for a in rows["accept_lengths"]])
     if "tried_deeper" in rows:
