@@ -306,6 +306,7 @@ def test_transformers_assistant_options_are_one_line_before_any_model_loads(tmp_
               r"gives both assistant_checkpoint='artifacts/.*' and assistant_layers=1: give one"),
              ("assistant", [f"{where}.assistant_checkpoint=no/such.safetensors"],
               r"assistant_checkpoint='no/such.safetensors' does not exist"),
+             ("assistant", [f"{where}.assistant_layers=0"], r"assistant_layers=0 is invalid: give a whole number"),
              ("universal", [], r"'transformers:universal' needs an assistant of another tokenizer")]
     for mode, overrides, message in cases:
         with pytest.raises(SpecbenchError, match=message):

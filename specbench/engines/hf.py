@@ -94,6 +94,9 @@ def check_options(mode: str, own: dict) -> None:
             raise SpecbenchError("eval.engines entry 'transformers:assistant' needs an assistant: "
                                  "eval.engine_options.transformers.assistant_checkpoint=PATH (a distilled draft) or "
                                  "assistant_layers=N (the target's first N layers)")
+        if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < 1):
+            raise SpecbenchError(f"eval.engine_options.transformers.assistant_layers={layers!r} is invalid: give a "
+                                 f"whole number of the target's first layers, 1 or more")
         if checkpoint and layers is not None:
             raise SpecbenchError(f"eval.engine_options.transformers gives both assistant_checkpoint={checkpoint!r} and "
                                  f"assistant_layers={layers}: give one")
