@@ -311,3 +311,19 @@ def test_transformers_assistant_options_are_one_line_before_any_model_loads(tmp_
     for mode, overrides, message in cases:
         with pytest.raises(SpecbenchError, match=message):
             eval_task.run(compose_cfg([*FAST, f"eval.engines=[transformers:{mode}]", *overrides], tmp_path))
+
+
+def test_an_engines_memory_is_not_measured_rather_than_zero(tmp_path, fake):
+    """Its caches and buffers live in the engine's own runtime, which the torch profiler does not see: the probe
+    skips it and its memory columns are NaN (they read 0 MiB as if measured), and the memory plot says so."""
+    from specbench.reporting import plots
+
+    overrides = [*FAST, "methods=[pld]", "eval.engines=[fake]", "eval.memory_probe=true"]
+    summary = eval_task.run(compose_cfg(overrides, tmp_path)).set_index("method")
+    assert "fake" not in json.loads((tmp_path / "memory.json").read_text())
+    for column in ("drafter_mb", "kv_peak_mb", "peak_alloc_mb", "method_mem_mb"):
+        assert summary.loc["fake", column] != summary.loc["fake", column], column  # NaN
+    assert summary.loc["pld", "kv_peak_mb"] > 0 and summary.loc["pld", "peak_alloc_mb"] > 0
+    figure = plots.memory_figure(summary.reset_index())
+    notes = [t.get_text() for t in figure.axes[0].texts]
+    assert len(notes) == 1 and "not measured" in notes[0]

@@ -194,7 +194,7 @@ class Evaluator:
             return
         known = self.memory()
         for run, decoder in decoders:
-            if run.label not in known:
+            if run.label not in known and run.engine is None:  # an engine allocates in its own runtime, unseen
                 known[run.label] = peak_allocated_bytes(lambda d=decoder: self._short(d, ids), self.target.model.device)
         write_atomic(self.memory_path, json.dumps(known, indent=1))
 

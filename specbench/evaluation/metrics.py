@@ -43,6 +43,11 @@ BASELINE = "autoregressive"
 EAGER_REFERENCE = f"{BASELINE}@eager"  # eval.eager_reference: plain decoding on transformers' eager forward
 
 
+def is_engine(rows: pd.DataFrame) -> bool:
+    """Whether these records are an engine's (evaluation/engines.py), which decodes outside the project's loop."""
+    return "engine" in rows and rows["engine"].notna().all()
+
+
 def per_depth_acceptance(rows: pd.DataFrame, max_depth: int = 16) -> list[float]:
     """P(depth d accepted | depth d-1 accepted and that node had children to try), d = 1..
 
@@ -50,7 +55,7 @@ def per_depth_acceptance(rows: pd.DataFrame, max_depth: int = 16) -> list[float]
     accepted at depth d-1 offered nothing at depth d and must not count as a failure there. An engine's rows give
     none: it reports the tokens each forward gained, never what it drafted, so no rejected depth is seen (every
     depth would read 1.0)."""
-    if not len(rows) or ("engine" in rows and rows["engine"].notna().all()):
+    if not len(rows) or is_engine(rows):
         return []
     accepted = np.concatenate([np.asarray(a, dtype=int) - 1 for a in rows["accept_lengths"]])
     if "tried_deeper" in rows:
@@ -181,10 +186,13 @@ def summarize(records: pd.DataFrame, latency_profile: pd.DataFrame | None = None
             "lossless_reference": _reference(records, grp, base)["method"].iloc[0] if len(base) else math.nan,
             "eager_match": _lossless_match(grp, eager) if len(eager) else math.nan,
             "drafter_params": int(grp["drafter_params"].iloc[0]),
-            "drafter_mb": grp["drafter_bytes"].iloc[0] / 2**20,
-            "kv_peak_mb": grp["kv_peak_bytes"].max() / 2**20,
-            "peak_alloc_mb": memory[method] / 2**20 if method in memory else math.nan,
-            "method_mem_mb": (grp["drafter_bytes"].iloc[0] + memory[method]) / 2**20 if method in memory else math.nan,
+            # an engine's caches and buffers live in its own runtime, which neither the decoder nor torch's profiler
+            # sees: not measured, rather than the 0 MiB a reader would take for a measurement
+            "drafter_mb": math.nan if is_engine(grp) else grp["drafter_bytes"].iloc[0] / 2**20,
+            "kv_peak_mb": math.nan if is_engine(grp) else grp["kv_peak_bytes"].max() / 2**20,
+            "peak_alloc_mb": memory[method] / 2**20 if method in memory and not is_engine(grp) else math.nan,
+            "method_mem_mb": (grp["drafter_bytes"].iloc[0] + memory[method]) / 2**20
+            if method in memory and not is_engine(grp) else math.nan,
             "lossless_rule": bool(grp["lossless_rule"].iloc[0]),
             "per_depth_acceptance": per_depth_acceptance(grp),
             "skipped_prompts": int(skipped_by_method.get(method, 0)),
