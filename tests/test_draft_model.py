@@ -148,6 +148,18 @@ def test_early_exit_layer_count_is_checked(target):
         early_exit(target, 4)
 
 
+def test_an_early_exit_past_the_targets_layers_is_one_line_before_any_model_loads(tmp_path, monkeypatch):
+    """The range was checked only at the draft's build, after the machine profile and the target's load."""
+    from specbench.tasks import eval as eval_task
+
+    monkeypatch.setattr(eval_task, "setup_target", lambda cfg: pytest.fail("a model loaded"))
+    base = ["model=tiny_random", "method=draft_model", "method.checkpoint=null", "eval.num_prompts=1"]
+    for layers in (3, 0):  # tiny_random has 2 layers
+        with pytest.raises(SpecbenchError, match=rf"early_exit_layers={layers} is invalid: 'tiny_random' has 2 "
+                                                 rf"layers, so use 1..2"):
+            eval_task.run(compose_cfg([*base, f"method.draft.early_exit_layers={layers}"], tmp_path))
+
+
 def test_mismatched_tokenizers_are_refused(target):
     other = copy.copy(target)
     other.tokenizer = copy.deepcopy(target.tokenizer)

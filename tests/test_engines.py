@@ -307,6 +307,8 @@ def test_transformers_assistant_options_are_one_line_before_any_model_loads(tmp_
              ("assistant", [f"{where}.assistant_checkpoint=no/such.safetensors"],
               r"assistant_checkpoint='no/such.safetensors' does not exist"),
              ("assistant", [f"{where}.assistant_layers=0"], r"assistant_layers=0 is invalid: give a whole number"),
+             ("assistant", [f"{where}.assistant_layers=3"], r"assistant_layers=3 is invalid: the target has 2 layers, "
+                                                             r"so use 1..2"),
              ("universal", [], r"'transformers:universal' needs an assistant of another tokenizer")]
     for mode, overrides, message in cases:
         with pytest.raises(SpecbenchError, match=message):

@@ -85,9 +85,10 @@ class TransformersEngine(Engine):
         return clock.generation(prompt_ids, out[0, len(prompt_ids):].tolist(), self.max_new_tokens, self.eos)
 
 
-def check_options(mode: str, own: dict) -> None:
+def check_options(mode: str, own: dict, limit: int | None = None) -> None:
     """What the assistant and universal modes need from eval.engine_options.transformers (own), said before any
-    model loads: an assistant, given one way, its file there."""
+    model loads: an assistant, given one way, its file there, no more of the target's layers than it has (`limit`,
+    when known)."""
     if mode == "assistant":
         checkpoint, layers = own.get("assistant_checkpoint"), own.get("assistant_layers")
         if not checkpoint and layers is None:
@@ -97,6 +98,9 @@ def check_options(mode: str, own: dict) -> None:
         if layers is not None and (isinstance(layers, bool) or not isinstance(layers, int) or layers < 1):
             raise SpecbenchError(f"eval.engine_options.transformers.assistant_layers={layers!r} is invalid: give a "
                                  f"whole number of the target's first layers, 1 or more")
+        if layers is not None and limit is not None and layers > limit:
+            raise SpecbenchError(f"eval.engine_options.transformers.assistant_layers={layers} is invalid: the target "
+                                 f"has {limit} layers, so use 1..{limit}")
         if checkpoint and layers is not None:
             raise SpecbenchError(f"eval.engine_options.transformers gives both assistant_checkpoint={checkpoint!r} and "
                                  f"assistant_layers={layers}: give one")
@@ -113,7 +117,7 @@ def build(mode: str, ctx: EngineContext) -> TransformersEngine:
     assistant_layers layers; universal: a model-group entry of another tokenizer
     (+model@eval.engine_options.transformers.universal=NAME)."""
     opts, own = ctx.options, ctx.options.get("transformers") or {}
-    check_options(mode, own)
+    check_options(mode, own, ctx.target.model.config.num_hidden_layers)
     assistant = None
     if mode == "assistant":
         assistant = _assistant(ctx, own.get("assistant_checkpoint"), own.get("assistant_layers"))

@@ -24,7 +24,7 @@ from specbench.errors import SpecbenchError
 from specbench.evaluation.evaluator import MethodRun
 from specbench.evaluation.metrics import BASELINE, decoded
 from specbench.models.artifact import resolve_checkpoint
-from specbench.models.loading import LoadedModel, read_config, resolve_path
+from specbench.models.loading import LoadedModel, layer_count, read_config, resolve_path
 from specbench.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,7 @@ def requested(cfg, sampling: SamplingParams, method_labels: list[str]) -> list[E
             from specbench.engines.hf import check_options
 
             check_options(entry.mode, OmegaConf.to_container(cfg.eval.engine_options, resolve=True).get("transformers")
-                          or {})
+                          or {}, layer_count(cfg.model))
         if entry.mode == "draft":
             _check_draft_options(cfg, entry.engine)
     return entries

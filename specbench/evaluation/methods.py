@@ -168,6 +168,17 @@ def build_drafter(drafter_cfg, target: LoadedModel, tree: TreePolicy, backend: s
     return drafter
 
 
+def check_early_exit(method_cfg, model_name: str, limit: int | None) -> None:
+    """method.draft.early_exit_layers, when the draft is the target's first layers (no checkpoint), within the
+    target's `limit` layers, said before any model loads (early_exit says it again at the build)."""
+    layers = (method_cfg.get("draft") or {}).get("early_exit_layers")
+    if layers is None or method_cfg.get("checkpoint") or limit is None:
+        return
+    if isinstance(layers, bool) or not isinstance(layers, int) or not 1 <= layers <= limit:
+        raise SpecbenchError(f"method.draft.early_exit_layers={layers!r} is invalid: '{model_name}' has {limit} "
+                             f"layers, so use 1..{limit}")
+
+
 def check_tree(drafter_cfg, tree: TreePolicy) -> None:
     cls = drafter_class(drafter_cfg)
     if tree.name not in cls.tree_policies:

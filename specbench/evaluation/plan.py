@@ -23,7 +23,7 @@ from specbench.drafters.autoregressive import AutoregressiveDrafter
 from specbench.errors import SpecbenchError
 from specbench.evaluation.evaluator import EvalSettings, MethodRun
 from specbench.evaluation.engines import build_engines, engine_runs, requested
-from specbench.evaluation.methods import MethodEntry, build_drafter, check_tree, resolve_entries
+from specbench.evaluation.methods import MethodEntry, build_drafter, check_early_exit, check_tree, resolve_entries
 from specbench.evaluation.metrics import BASELINE, EAGER_REFERENCE
 from specbench.evaluation.precision import AUTO, ExecutionPlan, check_dtype, plan
 from specbench.evaluation.run_folder import check_and_save_settings, shared_settings
@@ -35,7 +35,7 @@ from specbench.execution.attention import attention_tag
 from specbench.execution.backends import OPENVINO, check_backend, check_profile_backends, with_backend
 from specbench.execution.value import Execution
 from specbench.execution.openvino import check_run as check_openvino
-from specbench.models.loading import LoadedModel, read_config
+from specbench.models.loading import LoadedModel, layer_count, read_config
 from specbench.execution.quantize import FORMATS, check_weights, format_name
 from specbench.models.shape import ModelShape
 from specbench.sampling import SamplingParams
@@ -94,8 +94,10 @@ def request(cfg, overrides: list[str] | None = None) -> Request:
         overrides = list(HydraConfig.get().overrides.task)
     entries = resolve_entries(cfg, overrides or [])
     trees = [build(e.cfg.tree) for e in entries]
+    layers = layer_count(cfg.model)
     for entry, tree in zip(entries, trees):
         check_tree(entry.cfg.method.drafter, tree)
+        check_early_exit(entry.cfg.method, str(cfg.model.get("name", "model")), layers)
     engines = requested(cfg, sampling, [e.label for e in entries])
     return Request(settings, sampling, entries, trees, profile_backends, engines)
 

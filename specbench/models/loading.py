@@ -168,6 +168,17 @@ def read_config(name: str, path: str):
     return copy.deepcopy(_config(str(resolved), kwargs.get("gguf_file"), version))
 
 
+def layer_count(model_cfg) -> int | None:
+    """The layer count of the model a model-group entry (model_cfg) loads, read before its weights: its config's, or
+    an in-process model's num_layers; None where it cannot be read cheaply."""
+    path = model_cfg.get("path")
+    if isinstance(path, str):
+        config = read_config(str(model_cfg.get("name", "model")), path)
+        return getattr(config, "num_hidden_layers", None)
+    layers = model_cfg.get("num_layers")
+    return layers if isinstance(layers, int) else None
+
+
 @lru_cache(maxsize=16)
 def _config(folder: str, gguf_file: str | None, fingerprint: str):
     """Read once per process and file version: a GGUF's metadata (its 49k-token vocabulary and merges) takes seconds
