@@ -50,7 +50,9 @@ FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
 # (float sums in another order, the near-ties the lossless column still checks) and 20 of 20. Verifying in pieces of
 # the rows it keeps equal does not hold it either: with it on, the largest row count whose rows equal their one-row
 # forwards bitwise varied with the context, not the rows alone (24, 12, 24, 8, 24, 16, 3, 8 rows after 16, 48, 64, 100,
-# 128, 200, 300, 500 cached tokens). Off costs speed: a one-row forward 27 -> 39 ms, L(64) 97 -> 142 ms.
+# 128, 200, 300, 500 cached tokens), and padding every call to one row count does not either: the same row at another
+# position of a 16-row call moved its logits by up to 20 with it on, 5e-3 off (experiments/openvino_same_model/README).
+# Off costs speed: a one-row forward 27 -> 39 ms, L(64) 97 -> 142 ms.
 PROPERTIES = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
 # the cache goes in padded with masked-out keys to a multiple of this many tokens: OpenVINO's CPU plugin prepares every
 # node again for an input shape it has not just run, 5-9 ms of a 27 ms one-row SmolLM2 call at a new context length
