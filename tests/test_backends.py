@@ -75,6 +75,35 @@ def test_a_tree_forward_on_the_backend_equals_one_token_forwards_on_the_eager_mo
         assert torch.allclose(after[0], ref, atol=1e-4)
 
 
+@pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed")
+def test_openvino_runs_batch_one_calls_at_a_padded_static_shape_with_the_dynamic_models_outputs(tiny, fast):
+    """Rows and cached tokens are padded up to a compiled static shape (masked rows and keys): the logits, hidden
+    states and cache rows a call gives are the dynamic model's, and only the call's own rows reach the cache."""
+    model = fast["openvino"].model
+    assert model._static_shape(1, 3, 20) == (4, 256) and model._static_shape(1, 1, 300) == (1, 512)
+    assert model._static_shape(1, 17, 20) is None and model._static_shape(2, 1, 20) is None
+    assert model._static_shape(1, 1, 513) is None
+    prompt, tree = torch.arange(10, 30)[None], TokenTree(torch.tensor([5, 7, 9]), torch.tensor([-1, 0, 0]))
+    outputs, static = [], model.static
+    try:
+        for shapes in (static, {}):
+            model.static = shapes
+            with torch.inference_mode():
+                cache = DynamicCache()
+                model(input_ids=prompt, past_key_values=cache, use_cache=True)
+                out = verify_tree(model, cache, tree)
+                step = model(input_ids=torch.tensor([[3]]), past_key_values=cache, output_hidden_states=True)
+            outputs.append((out.logits, step.logits, step.hidden_states, cache.layers[0].keys))
+    finally:
+        model.static = static
+    (tree_a, step_a, hidden_a, keys_a), (tree_b, step_b, hidden_b, keys_b) = outputs
+    assert tree_a.shape == tree_b.shape == (3, tiny.model.config.vocab_size)
+    assert keys_a.shape[-2] == keys_b.shape[-2] == 20 + 3 + 1  # the padding rows never reach the cache
+    assert torch.allclose(tree_a, tree_b, atol=1e-5) and torch.allclose(step_a, step_b, atol=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(hidden_a, hidden_b))
+    assert torch.allclose(keys_a, keys_b, atol=1e-5)
+
+
 @pytest.mark.parametrize("backend", FAST)
 @pytest.mark.slow
 def test_greedy_speculation_on_the_backend_equals_its_plain_decoding_and_the_eager_output(tiny, fast, backend):

@@ -11,7 +11,8 @@ The IR is stateless, so nothing of transformers' cache or of the methods changes
 PyTorch, so PPD's prompt-token embeddings pass through it too), a 4D boolean mask (a tree's, or the causal one),
 position ids and every layer's cached keys and values -- and its outputs are the logits, every hidden state (EAGLE and
 Medusa read them) and only the new rows' keys and values, which the adapter appends to the run's own DynamicCache (so
-cropping and committing a path work unchanged). Weights: `fp` keeps the float32 weights; `int8` and `int4_g<group>`
+cropping and committing a path work unchanged). A batch-1 call of a few rows runs a copy compiled for a static shape,
+its rows and cache padded up to it (STATIC_ROWS): a dynamic shape costs the CPU plugin ~8 ms a call. Weights: `fp` keeps the float32 weights; `int8` and `int4_g<group>`
 are compressed by NNCF (int8 symmetric per output channel; int4 asymmetric in groups, NNCF's grid with an integer zero
 point, which is not aten's grid of execution/quantize.py: an openvino int4 target is a target of its own). The IR is
 cached under the specbench cache, keyed by the model and the versions that shape it; OpenVINO's compiled blobs too.
@@ -25,8 +26,10 @@ import dataclasses
 import hashlib
 import io
 import logging
+import math
 import os
 import shutil
+import sys
 import warnings
 from pathlib import Path
 
@@ -59,6 +62,17 @@ PROPERTIES = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32", 
 # against the same length again, where a context padded to 256 with its last keys masked ran as fast as the same
 # length (the raw int4_g64 IR on a 2-core Cascade Lake); a masked key adds an exact zero to the softmax
 BUCKET = 32
+# batch-1 calls of at most STATIC_ROWS[-1] rows against at most STATIC_CONTEXTS[-1] cached tokens run a model compiled
+# for their shape padded up to these (masked rows and keys): a dynamic-shape call of this CPU plugin spends ~8 ms of a
+# 28 ms one-row SmolLM2 call outside its kernels, shape by shape, where a static one spends 3 (int4_g64 on a 2-core
+# Cascade Lake: one row 28.4 -> 21.0 ms, 16 rows 54.7 -> 44.8). Each shape costs ~3 s to compile (under 1 s from the
+# compile cache) and ~200 MB of memory, so a few: rows for plain decoding, a chain or a small tree, a 16-node tree;
+# other calls (prefill, larger trees and contexts, batches) take the dynamic model. Compiled in this order while they
+# fit in STATIC_MEMORY of the memory available at the build (a compile's resident cost, measured on the first: ~260
+# MiB for SmolLM2 int4_g64, ~1.2 GiB for its float32 weights, which the plugin copies into every compiled model)
+STATIC_ROWS = (1, 16, 4)
+STATIC_CONTEXTS = (256, 512)
+STATIC_MEMORY = 0.25
 
 
 def unsupported(dtype: torch.dtype, device: torch.device, weights: str = "fp") -> str | None:
@@ -204,13 +218,17 @@ class OpenVinoForward(nn.Module):
     DynamicCache), run by a compiled OpenVINO IR (module docstring). The embedding stays a PyTorch module, so
     `get_input_embeddings`, `parameters()` and the memory accounting see it."""
 
-    def __init__(self, model: nn.Module, compiled) -> None:
+    def __init__(self, model: nn.Module, compiled, static: dict | None = None) -> None:
         super().__init__()
         self.embed = model.get_input_embeddings()
         self.config, self.generation_config = model.config, model.generation_config
         self.request = compiled.create_infer_request()
+        self.static = {shape: c.create_infer_request() for shape, c in (static or {}).items()}  # (rows, context)
         self.layers = model.config.num_hidden_layers
         self.empty_cache = (2 * self.layers, model.config.num_key_value_heads, 0, head_dim(model.config))
+        for request in self.static.values():  # masked keys must be finite (0 * nan is nan); later calls leave theirs
+            for tensor in request.input_tensors:
+                torch.from_numpy(tensor.data).zero_()
 
     @property
     def device(self) -> torch.device:
@@ -226,39 +244,57 @@ class OpenVinoForward(nn.Module):
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, use_cache=True, output_hidden_states=False, **_):
         embeds = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
-        embeds = embeds.to(torch.float32)
+        embeds = embeds.to(torch.float32).detach()
         batch, n = embeds.shape[:2]
         cache = past_key_values if past_key_values is not None else DynamicCache(config=self.config)
         past = cache.get_seq_length()
-        padded = -(-past // BUCKET) * BUCKET
-        mask = _padded(_mask(attention_mask, batch, n, past), past, padded)
         if position_ids is None:
             position_ids = torch.arange(past, past + n)[None].expand(batch, n)
+        mask = _mask(attention_mask, batch, n, past)
+        shape = self._static_shape(batch, n, past)
+        request, rows, padded = (self.static[shape], *shape) if shape else (self.request, n, -(-past // BUCKET) * BUCKET)
+        if rows > n:  # padding rows: zero embeddings, each seeing only itself, outputs dropped
+            embeds = torch.cat([embeds, embeds.new_zeros(batch, rows - n, embeds.shape[2])], 1)
+            position_ids = torch.cat([position_ids, position_ids[:, -1:].expand(batch, rows - n)], 1)
+            mask = torch.cat([torch.cat([mask, mask.new_zeros(batch, 1, n, rows - n)], 3),
+                              torch.cat([mask.new_zeros(batch, 1, rows - n, past),
+                                         torch.eye(rows, dtype=torch.bool)[n:].expand(batch, 1, rows - n, rows)], 3)],
+                             2)
+        mask = _padded(mask, past, padded)
         layers_kv, kv_heads, _, width = self.empty_cache
         # every input is written straight into the request's own tensors, the cache from its layers in one copy: shared
         # instead (share_inputs=True, or tensors made with shared_memory) the cache's arrays made OpenVINO's CPU
         # plugin corrupt the heap on the call after a tree verify (glibc: corrupted double-linked list), as if it
         # wrote past them
-        cached = self._input(3, (layers_kv, batch, kv_heads, padded, width))
-        cached[:, :, :, past:].zero_()  # masked out, but finite: a masked key's weight is 0, and 0 * nan is nan
+        cached = _input(request, 3, (layers_kv, batch, kv_heads, padded, width))
+        if not shape:  # masked out, but finite: a masked key's weight is 0, and 0 * nan is nan (static: zeroed once)
+            cached[:, :, :, past:].zero_()
         if past:
             for i, t in enumerate(t for layer in cache.layers for t in (layer.keys, layer.values)):
                 cached[i, :, :, :past] = t
-        for port, value in enumerate((embeds.detach(), mask, position_ids.to(torch.int64))):
-            self._input(port, tuple(value.shape)).copy_(value)
-        self.request.infer()
-        logits, hidden, new = (torch.from_numpy(self.request.get_output_tensor(i).data) for i in range(3))
+        for port, value in enumerate((embeds, mask, position_ids.to(torch.int64))):
+            _input(request, port, tuple(value.shape)).copy_(value)
+        request.infer()
+        logits, hidden, new = (torch.from_numpy(request.get_output_tensor(i).data) for i in range(3))
         for layer in range(self.layers):  # copies: the request's output buffers are reused by the next call
-            cache.update(new[2 * layer].clone(), new[2 * layer + 1].clone(), layer)
-        hidden = tuple(h.clone() for h in hidden) if output_hidden_states else None
-        return CausalLMOutputWithPast(logits=logits.clone(), past_key_values=cache, hidden_states=hidden)
+            cache.update(new[2 * layer, :, :, :n].clone(), new[2 * layer + 1, :, :, :n].clone(), layer)
+        hidden = tuple(h[:, :n].clone() for h in hidden) if output_hidden_states else None
+        return CausalLMOutputWithPast(logits=logits[:, :n].clone(), past_key_values=cache, hidden_states=hidden)
 
-    def _input(self, port: int, shape: tuple[int, ...]) -> torch.Tensor:
-        """The request's own input tensor at `port`, shaped `shape`, as a torch view of its memory."""
-        tensor = self.request.get_input_tensor(port)
-        if tuple(tensor.shape) != shape:
-            tensor.shape = shape
-        return torch.from_numpy(tensor.data)
+    def _static_shape(self, batch: int, n: int, past: int) -> tuple[int, int] | None:
+        """The (rows, context) a compiled static model serves this call at (the smallest that holds it), or None."""
+        if batch != 1:
+            return None
+        fits = [shape for shape in self.static if n <= shape[0] and past <= shape[1]]
+        return min(fits) if fits else None
+
+
+def _input(request, port: int, shape: tuple[int, ...]) -> torch.Tensor:
+    """`request`'s own input tensor at `port`, shaped `shape`, as a torch view of its memory."""
+    tensor = request.get_input_tensor(port)
+    if tuple(tensor.shape) != shape:
+        tensor.shape = shape
+    return torch.from_numpy(tensor.data)
 
 
 class OpenVinoLinear(nn.Module):
@@ -337,6 +373,54 @@ def with_openvino(target: LoadedModel, weights: str) -> LoadedModel:
     if not (folder / "openvino_model.xml").exists():
         print(f"notice: exporting {target.name} to an OpenVINO IR ({weights}) once, into {folder}")
         _export(fp32.model, weights, folder)
-    compiled = _compiled(str(folder / "openvino_model.xml"))
-    return dataclasses.replace(target, model=OpenVinoForward(fp32.model, compiled), backend="openvino",
-                               weights=weights)
+    xml = str(folder / "openvino_model.xml")
+    return dataclasses.replace(target, model=OpenVinoForward(fp32.model, _compiled(xml), _static(xml)),
+                               backend="openvino", weights=weights)
+
+
+def _static(xml: str) -> dict:
+    """(rows, context) -> the IR compiled for that static shape, in STATIC_CONTEXTS x STATIC_ROWS order while the next
+    one's resident cost (the largest seen so far) fits in what STATIC_MEMORY of the available memory leaves."""
+    budget, compiled, cost = STATIC_MEMORY * (_available_bytes() or math.inf), {}, 0
+    for shape in ((rows, context) for context in STATIC_CONTEXTS for rows in STATIC_ROWS):
+        if cost > budget:
+            break
+        before = _resident_bytes()
+        compiled[shape] = _compiled(_reshaped(xml, *shape))
+        grown = _resident_bytes() - before
+        budget, cost = budget - grown, max(cost, grown)
+    return compiled
+
+
+def _available_bytes() -> int | None:
+    """Memory the OS can give without swapping (Linux's MemAvailable; else free pages), None where unknown."""
+    with contextlib.suppress(OSError, ValueError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return None
+
+
+def _resident_bytes() -> int:
+    """The process's resident memory now (Linux's /proc/self/statm), else its peak (getrusage: kilobytes on Linux,
+    bytes on macOS), which a compile moves only when it grows past it."""
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    import resource
+
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak if sys.platform == "darwin" else peak * 1024
+
+
+def _reshaped(xml: str, rows: int, context: int):
+    """The IR at `xml` with every input of a static shape: batch 1, `rows` new rows, `context` cached tokens."""
+    import openvino as ov
+
+    model = ov.Core().read_model(xml)
+    past, hidden = (model.input(name).get_partial_shape() for name in ("past", "inputs_embeds"))
+    model.reshape({"inputs_embeds": [1, rows, hidden[2].get_length()], "attention_mask": [1, 1, rows, context + rows],
+                   "position_ids": [1, rows],
+                   "past": [past[0].get_length(), 1, past[2].get_length(), context, past[4].get_length()]})
+    return model
