@@ -2,7 +2,7 @@
 
 Why: a 135M model's eager PyTorch forward is mostly dispatch, and its cost grows with the rows of a verify (SmolLM2
 int4 on a 2-core Cascade Lake: 37 ms for one row, 61 for eight, 82 for sixteen), where OpenVINO's runtime runs the
-same layers as a few fused kernels (this IR, int4_g64: 26.5, 43.2 and 51.3 ms in the machine profile of
+same layers as a few fused kernels (this IR, int4_g64: 22.3, 46.5 and 47.2 ms in the machine profile of
 experiments/openvino_same_model). Compiling one graph ahead of time is what the deployment engines do; here it serves
 every method's verify.
 

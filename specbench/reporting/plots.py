@@ -278,7 +278,7 @@ def latency_figure(profile: pd.DataFrame, summary: pd.DataFrame) -> Figure:
     ax.set_xticks(profile["tokens"], [f"{t:g}" for t in profile["tokens"]])
     ax.minorticks_off()
     ax.set_yscale("log")
-    ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1, 2, 5)))
+    ax.yaxis.set_major_locator(ticker.LogLocator(subs=(1, 1.5, 2, 3, 4, 5, 7)))
     ax.yaxis.set_major_formatter(ticker.FormatStrFormatter("%g"))
     ax.yaxis.set_minor_formatter(ticker.NullFormatter())
     ax.set_xlabel("tokens in one forward (n)")
