@@ -30,6 +30,7 @@ import math
 import os
 import shutil
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -73,6 +74,7 @@ BUCKET = 32
 STATIC_ROWS = (1, 16, 4)
 STATIC_CONTEXTS = (256, 512)
 STATIC_MEMORY = 0.25
+log = logging.getLogger(__name__)
 
 
 def unsupported(dtype: torch.dtype, device: torch.device, weights: str = "fp") -> str | None:
@@ -382,6 +384,7 @@ def _static(xml: str) -> dict:
     """(rows, context) -> the IR compiled for that static shape, in STATIC_CONTEXTS x STATIC_ROWS order while the next
     one's resident cost (the largest seen so far) fits in what STATIC_MEMORY of the available memory leaves."""
     budget, compiled, cost = STATIC_MEMORY * (_available_bytes() or math.inf), {}, 0
+    start, resident = time.perf_counter(), _resident_bytes()
     for shape in ((rows, context) for context in STATIC_CONTEXTS for rows in STATIC_ROWS):
         if cost > budget:
             break
@@ -389,6 +392,9 @@ def _static(xml: str) -> dict:
         compiled[shape] = _compiled(_reshaped(xml, *shape))
         grown = _resident_bytes() - before
         budget, cost = budget - grown, max(cost, grown)
+    log.info("openvino: %d of %d static shapes (rows, cached tokens) compiled in %.1f s, %d MiB resident: %s; other "
+             "calls run the dynamic-shape model", len(compiled), len(STATIC_ROWS) * len(STATIC_CONTEXTS),
+             time.perf_counter() - start, (_resident_bytes() - resident) // 2**20, sorted(compiled))
     return compiled
 
 
