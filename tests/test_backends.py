@@ -104,6 +104,27 @@ def test_openvino_runs_batch_one_calls_at_a_padded_static_shape_with_the_dynamic
     assert torch.allclose(keys_a, keys_b, atol=1e-5)
 
 
+@pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed")
+def test_openvino_compiles_only_the_static_shapes_its_memory_budget_holds(tiny, fast, monkeypatch):
+    """Every static shape is a compiled model of its own (~1.2 GiB for SmolLM2's float weights): the first is always
+    built, the next only while the largest one's measured cost fits what is left of STATIC_MEMORY of the available
+    memory; a call no static shape holds runs the dynamic model, with the same outputs."""
+    from specbench.execution import openvino
+
+    monkeypatch.setattr(openvino, "_available_bytes", lambda: 1)  # nothing to spare: the first shape only
+    lean = with_backend(tiny, "openvino").model
+    assert list(lean.static) == [(openvino.STATIC_ROWS[0], openvino.STATIC_CONTEXTS[0])]
+    prompt, tree = torch.arange(10, 30)[None], TokenTree(torch.tensor([5, 7, 9]), torch.tensor([-1, 0, 0]))
+    logits = []
+    for model in (lean, fast["openvino"].model):
+        with torch.inference_mode():
+            cache = DynamicCache()
+            model(input_ids=prompt, past_key_values=cache, use_cache=True)
+            logits.append(verify_tree(model, cache, tree).logits)
+    assert lean._static_shape(1, 3, 20) is None and fast["openvino"].model._static_shape(1, 3, 20) is not None
+    assert torch.allclose(logits[0], logits[1], atol=1e-5)
+
+
 @pytest.mark.parametrize("backend", FAST)
 @pytest.mark.slow
 def test_greedy_speculation_on_the_backend_equals_its_plain_decoding_and_the_eager_output(tiny, fast, backend):
