@@ -105,6 +105,38 @@ def test_openvino_runs_batch_one_calls_at_a_padded_static_shape_with_the_dynamic
 
 
 @pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed")
+def test_openvino_caches_kept_in_a_static_shapes_memory_survive_another_cache_using_it(tiny, fast):
+    """After a static call a cache's layers are views of that shape's input memory (nothing copied in next time); a
+    second cache decoding at the same shape in between must not change what the first one holds or computes."""
+    from specbench.execution.openvino import _views
+
+    model = fast["openvino"].model
+
+    def steps(cache, tokens):
+        with torch.inference_mode():
+            return [model(input_ids=torch.tensor([[t]]), past_key_values=cache).logits[0, -1] for t in tokens]
+
+    def prefilled(prompt):
+        cache = DynamicCache()
+        with torch.inference_mode():
+            model(input_ids=torch.tensor([prompt]), past_key_values=cache)
+        return cache
+
+    alone = prefilled(list(range(10, 30)))
+    expected = steps(alone, [5, 6, 7, 8])
+    first, second = prefilled(list(range(10, 30))), prefilled(list(range(40, 70)))
+    got = steps(first, [5, 6])
+    request_memory = model.static[(1, 256)].get_input_tensor(3).data
+    assert _views(first.layers[0].keys, torch.from_numpy(request_memory)[0])  # kept in the request's memory
+    keys = first.layers[0].keys.clone()
+    steps(second, [1, 2, 3])  # the same shape, another cache: it writes that memory
+    assert torch.equal(first.layers[0].keys, keys)
+    got += steps(first, [7, 8])
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(got, expected))
+    assert first.get_seq_length() == alone.get_seq_length() == 24
+
+
+@pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed")
 def test_openvino_compiles_only_the_static_shapes_its_memory_budget_holds(tiny, fast, monkeypatch):
     """Every static shape is a compiled model of its own (~1.2 GiB for SmolLM2's float weights): the first is always
     built, the next only while the largest one's measured cost fits what is left of STATIC_MEMORY of the available
