@@ -147,6 +147,7 @@ def summarize(records: pd.DataFrame, latency_profile: pd.DataFrame | None = None
     eager = records[records["method"] == EAGER_REFERENCE]
     rows = []
     for method, grp in records.groupby("method", sort=False):
+        engine = is_engine(grp)
         steps = grp["steps"].sum()
         tau = (grp["new_tokens"] - 1).sum() / steps if steps else math.nan
         mean_tree = np.mean(np.concatenate([np.asarray(t) for t in grp["tree_sizes"]])) if steps else math.nan
@@ -188,11 +189,11 @@ def summarize(records: pd.DataFrame, latency_profile: pd.DataFrame | None = None
             "drafter_params": int(grp["drafter_params"].iloc[0]),
             # an engine's caches and buffers live in its own runtime, which neither the decoder nor torch's profiler
             # sees: not measured, rather than the 0 MiB a reader would take for a measurement
-            "drafter_mb": math.nan if is_engine(grp) else grp["drafter_bytes"].iloc[0] / 2**20,
-            "kv_peak_mb": math.nan if is_engine(grp) else grp["kv_peak_bytes"].max() / 2**20,
-            "peak_alloc_mb": memory[method] / 2**20 if method in memory and not is_engine(grp) else math.nan,
+            "drafter_mb": math.nan if engine else grp["drafter_bytes"].iloc[0] / 2**20,
+            "kv_peak_mb": math.nan if engine else grp["kv_peak_bytes"].max() / 2**20,
+            "peak_alloc_mb": memory[method] / 2**20 if method in memory and not engine else math.nan,
             "method_mem_mb": (grp["drafter_bytes"].iloc[0] + memory[method]) / 2**20
-            if method in memory and not is_engine(grp) else math.nan,
+            if method in memory and not engine else math.nan,
             "lossless_rule": bool(grp["lossless_rule"].iloc[0]),
             "per_depth_acceptance": per_depth_acceptance(grp),
             "skipped_prompts": int(skipped_by_method.get(method, 0)),

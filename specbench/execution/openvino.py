@@ -12,8 +12,9 @@ PyTorch, so PPD's prompt-token embeddings pass through it too), a 4D boolean mas
 position ids and every layer's cached keys and values -- and its outputs are the logits, every hidden state (EAGLE and
 Medusa read them) and only the new rows' keys and values, which the adapter appends to the run's own DynamicCache (so
 cropping and committing a path work unchanged). A batch-1 call of a few rows runs a copy compiled for a static shape,
-its rows and cache padded up to it (STATIC_ROWS): a dynamic shape costs the CPU plugin ~8 ms a call. Weights: `fp` keeps the float32 weights; `int8` and `int4_g<group>`
-are compressed by NNCF (int8 symmetric per output channel; int4 asymmetric in groups, NNCF's grid with an integer zero
+its rows and cache padded up to it (STATIC_ROWS: a dynamic shape costs the CPU plugin ~8 ms a call), and the cache's
+layers then stay views of that copy's input memory. Weights: `fp` keeps the float32 weights; `int8` and
+`int4_g<group>` are compressed by NNCF (int8 symmetric per output channel; int4 asymmetric in groups, NNCF's grid with an integer zero
 point, which is not aten's grid of execution/quantize.py: an openvino int4 target is a target of its own). The IR is
 cached under the specbench cache, keyed by the model and the versions that shape it; OpenVINO's compiled blobs too.
 """
@@ -256,7 +257,10 @@ class OpenVinoForward(nn.Module):
             position_ids = torch.arange(past, past + n)[None].expand(batch, n)
         mask = _mask(attention_mask, batch, n, past)
         shape = self._static_shape(batch, n, past)
-        request, rows, padded = (self.static[shape], *shape) if shape else (self.request, n, -(-past // BUCKET) * BUCKET)
+        if shape:
+            request, (rows, padded) = self.static[shape], shape
+        else:
+            request, rows, padded = self.request, n, -(-past // BUCKET) * BUCKET
         if rows > n:  # padding rows: zero embeddings, each seeing only itself, outputs dropped
             embeds = torch.cat([embeds, embeds.new_zeros(batch, rows - n, embeds.shape[2])], 1)
             position_ids = torch.cat([position_ids, position_ids[:, -1:].expand(batch, rows - n)], 1)

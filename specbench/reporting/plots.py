@@ -302,7 +302,8 @@ def memory_figure(table: pd.DataFrame, budget: str = "tree_budget", family: str 
         y = np.arange(len(table))
         drafter, alloc = table["drafter_mb"].to_numpy(dtype=float), table["peak_alloc_mb"].to_numpy(dtype=float)
         ax.barh(y, np.nan_to_num(drafter), color="tab:orange", label="drafter weights")
-        ax.barh(y, np.nan_to_num(alloc), left=np.nan_to_num(drafter), color="tab:blue", label="peak allocation while decoding")
+        ax.barh(y, np.nan_to_num(alloc), left=np.nan_to_num(drafter), color="tab:blue",
+                label="peak allocation while decoding")
         ax.scatter(table["kv_peak_mb"], y, marker="|", s=120, color="black", zorder=3, label="KV caches at their peak")
         for row in y[np.isnan(drafter) & np.isnan(alloc) & table["kv_peak_mb"].isna().to_numpy()]:
             ax.text(0, row, " not measured (an engine allocates in its own runtime)", va="center", fontsize=7,
