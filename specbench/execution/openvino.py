@@ -433,7 +433,9 @@ def _static(xml: str) -> dict:
 
 
 def _available_bytes() -> int | None:
-    """Memory the OS can give without swapping (Linux's MemAvailable; else free pages), None where unknown."""
+    """Memory the OS can give without swapping (Linux's MemAvailable; else free pages), None where unknown. Read by
+    hand, as _resident_bytes is: psutil does both, but it is no dependency of this project (installed here only
+    through another package's requirements)."""
     with contextlib.suppress(OSError, ValueError):
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
