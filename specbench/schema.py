@@ -36,7 +36,7 @@ from specbench.evaluation.quality import check_quality
 from specbench.execution.attention import check_attention
 from specbench.execution.backends import AUTO, BACKENDS, RUN_KEYS, check_backend
 from specbench.models.loading import DTYPES, check_model_path, load_model, read_config
-from specbench.execution.quantize import FORMATS, GROUP_SIZES, check_weights
+from specbench.execution.quantize import FORMATS, GROUP_SIZES, GROUPED, check_backend_weights, check_weights
 from specbench.models.shape import linear_input_widths
 from specbench.models.tiny import tiny_config, tiny_random
 from specbench.reporting.loggers import check_logger
@@ -225,8 +225,8 @@ def int4_used(cfg: DictConfig) -> bool:
     profiled = list(OmegaConf.select(cfg, "eval.profile_weights", default=None) or [])
     fastest = OmegaConf.select(cfg, "eval.fastest_ar", default=False)
     plain = [str(t) for t in OmegaConf.select(cfg, "eval.plain_executions", default=None) or []]
-    return (weights == "int4" or ((weights == AUTO or fastest) and "int4" in profiled)
-            or any("int4" in t for t in plain))
+    return (weights in GROUPED or ((weights == AUTO or fastest) and any(w in GROUPED for w in profiled))
+            or any(w in t for t in plain for w in GROUPED))
 
 
 def model_config(model: DictConfig):
@@ -386,6 +386,7 @@ def _check_inputs(cfg: DictConfig) -> None:
         check_attention(model.attention)
     if model is not None and model.get("weights") is not None:
         check_weights(model.weights, model.get("group_size", 32))
+        check_backend_weights(model.weights, model.get("backend", "eager"))
     for text in OmegaConf.select(cfg, "eval.plain_executions") or []:
         Execution.parse(text, model.get("group_size", 32) if model is not None else 32)
     if model is not None and model.get("path") is not None:

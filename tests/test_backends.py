@@ -350,9 +350,43 @@ def test_a_run_on_openvino_int4_is_lossless_against_its_own_plain_decoding_besid
     assert summary.loc["autoregressive@eager/float32", "backend"] == "eager"
 
 
+@pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed")
+def test_openvino_w4a8_is_the_int4_ir_compiled_with_activations_quantised_on_the_fly(tiny, fast):
+    """w4a8_g<group> reads the int4_g<group> IR (no second export) and compiles it, every static shape too, with
+    OpenVINO's dynamic quantisation on, where int4 keeps it off; the same weights give nearly the same logits."""
+    from specbench.execution import openvino
+    from specbench.execution.value import Execution
+
+    runs = {w: Execution("openvino", "float32", w).apply(tiny) for w in ("int4_g32", "w4a8_g32")}
+    assert runs["w4a8_g32"].weights == "w4a8_g32" and runs["w4a8_g32"].backend == "openvino"
+    folders = {p.name.rsplit("-", 1)[-1] for p in openvino.cache_dir("openvino").glob(f"{tiny.name}-*-forward-*")}
+    assert "w4a8_g32" not in folders and "int4_g32" in folders
+    for weights, group in (("int4_g32", 0), ("w4a8_g32", openvino.DYNAMIC_GROUP)):
+        model = runs[weights].model
+        for request in (model.request, *model.static.values()):
+            assert request.get_compiled_model().get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE") == group, weights
+    prompt = torch.arange(10, 30)[None]
+    with torch.inference_mode():
+        logits = [runs[w].model(input_ids=prompt, past_key_values=DynamicCache()).logits for w in runs]
+    assert torch.allclose(logits[0], logits[1], atol=0.1)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("model.weights=w4a8", "model.weights=w4a8 with model.backend=eager: .*set model.backend=openvino"),
+    ("eval.plain_executions=[eager/bfloat16/w4a8_g64]", "entry 'eager/bfloat16/w4a8_g64' is invalid: .*openvino"),
+])
+def test_w4a8_anywhere_but_openvino_is_one_line_before_the_model_loads(override, message, tmp_path, monkeypatch):
+    from specbench.tasks import eval as eval_task
+    from tests.conftest import compose_cfg
+
+    monkeypatch.setattr(eval_task, "setup_target", lambda *a, **k: pytest.fail("the model was loaded"))
+    with pytest.raises(SpecbenchError, match=message):
+        eval_task.run(compose_cfg(["model=tiny_random", "model.backend=eager", override], tmp_path / "run"))
+
+
 @pytest.mark.parametrize("override, message", [
     ("eval.dtype=bfloat16", "model.backend=openvino with eval.dtype=bfloat16: the openvino backend runs float32"),
-    ("model.weights=w8a8", "model.backend=openvino with model.weights=w8a8: .*compresses weights only"),
+    ("model.weights=w8a8", "model.backend=openvino with model.weights=w8a8: .*not w8a8"),
 ])
 def test_openvino_settings_it_cannot_run_are_one_line_before_the_model_loads(override, message, tmp_path,
                                                                              monkeypatch):

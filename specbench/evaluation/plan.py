@@ -36,7 +36,7 @@ from specbench.execution.backends import OPENVINO, check_backend, check_profile_
 from specbench.execution.value import Execution
 from specbench.execution.openvino import check_run as check_openvino
 from specbench.models.loading import LoadedModel, layer_count, read_config
-from specbench.execution.quantize import FORMATS, check_weights, format_name
+from specbench.execution.quantize import FORMATS, check_backend_weights, check_weights, format_name
 from specbench.models.shape import ModelShape
 from specbench.sampling import SamplingParams
 from specbench.trees.hardware_aware import HardwareAwarePolicy
@@ -83,6 +83,7 @@ def request(cfg, overrides: list[str] | None = None) -> Request:
     check_backend(cfg.model.backend)
     profile_backends = check_profile_backends(cfg.eval.profile_backends)
     weights, _ = run_weights(cfg)  # model.weights, model.group_size and eval.profile_weights
+    check_backend_weights(cfg.model.get("weights", "fp"), cfg.model.backend)
     if cfg.model.backend == OPENVINO:  # what the exporter cannot do, said before the model loads
         path = cfg.model.get("path")
         config = read_config(str(cfg.model.get("name", "model")), path) if isinstance(path, str) else None

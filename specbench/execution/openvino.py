@@ -14,9 +14,11 @@ Medusa read them) and only the new rows' keys and values, which the adapter appe
 cropping and committing a path work unchanged). A batch-1 call of a few rows runs a copy compiled for a static shape,
 its rows and cache padded up to it (STATIC_ROWS: a dynamic shape costs the CPU plugin ~8 ms a call), and the cache's
 layers then stay views of that copy's input memory. Weights: `fp` keeps the float32 weights; `int8` and
-`int4_g<group>` are compressed by NNCF (int8 symmetric per output channel; int4 asymmetric in groups, NNCF's grid with an integer zero
-point, which is not aten's grid of execution/quantize.py: an openvino int4 target is a target of its own). The IR is
-cached under the specbench cache, keyed by the model and the versions that shape it; OpenVINO's compiled blobs too.
+`int4_g<group>` are compressed by NNCF (int8 symmetric per output channel; int4 asymmetric in groups, NNCF's grid with
+an integer zero point, which is not aten's grid of execution/quantize.py: an openvino int4 target is a target of its
+own); `w4a8_g<group>` is that int4 IR run with its activations quantised on the fly (PROPERTIES says why apart). The
+IR is cached under the specbench cache, keyed by the model and the versions that shape it; OpenVINO's compiled blobs
+too.
 """
 
 from __future__ import annotations
@@ -58,8 +60,12 @@ FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
 # forwards bitwise varied with the context, not the rows alone (24, 12, 24, 8, 24, 16, 3, 8 rows after 16, 48, 64, 100,
 # 128, 200, 300, 500 cached tokens), and padding every call to one row count does not either: the same row at another
 # position of a 16-row call moved its logits by up to 20 with it on, 5e-3 off (experiments/openvino_same_model/README).
-# Off costs speed: a one-row forward 27 -> 39 ms, L(64) 97 -> 142 ms.
+# Off costs speed: a one-row forward 27 -> 39 ms, L(64) 97 -> 142 ms. So it is a format of its own, w4a8_g<group>:
+# the int4_g<group> IR compiled with it on, in OpenVINO's groups of DYNAMIC_GROUP (what its GenAI engine runs); its
+# plain decoding is this backend's fastest, but a row's logits there depend on the other rows of the call, so a tree
+# verify on it is no lossless match for its plain decoding, as the lossless column of a run shows.
 PROPERTIES = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
+DYNAMIC_GROUP = 32
 # the cache goes in padded with masked-out keys to a multiple of this many tokens: OpenVINO's CPU plugin prepares every
 # node again for an input shape it has not just run, 5-9 ms of a 27 ms one-row SmolLM2 call at a new context length
 # against the same length again, where a context padded to 256 with its last keys masked ran as fast as the same
@@ -73,7 +79,7 @@ BUCKET = 32
 # other calls (prefill, larger trees and contexts, batches) take the dynamic model. Compiled in this order while they
 # fit in STATIC_MEMORY of the memory available at the build (a compile's resident cost, measured on the first: ~260
 # MiB for SmolLM2 int4_g64, ~1.2 GiB for its float32 weights, which the plugin copies into every compiled model)
-STATIC_ROWS = (1, 16, 4)
+STATIC_ROWS = (1, 16, 4, 8)
 STATIC_CONTEXTS = (256, 512)
 STATIC_MEMORY = 0.25
 log = logging.getLogger(__name__)
@@ -91,7 +97,8 @@ def unsupported(dtype: torch.dtype, device: torch.device, weights: str = "fp") -
     if dtype != torch.float32:
         return "the openvino backend runs float32 activations (eval.dtype=float32)"
     if weights == "w8a8":
-        return "the openvino backend compresses weights only (fp, int8, int4_g<group>), not w8a8"
+        return ("the openvino backend compresses weights only (fp, int8, int4_g<group>) or with OpenVINO's own "
+                "activation quantisation (w4a8_g<group>), not w8a8")
     return None
 
 
@@ -109,7 +116,7 @@ def check_run(dtype: str, weights: str, config=None) -> None:
 def group_problem(config, weights: str) -> str | None:
     """Why NNCF cannot compress this model's linears to `weights` (int4_g<group>: the group must divide every
     linear's input width), None when it can or the config is unknown."""
-    if config is None or not weights.startswith("int4_g"):
+    if config is None or not weights.startswith(("int4_g", "w4a8_g")):
         return None
     group = int(weights[len("int4_g"):])
     widths = linear_input_widths(config)
@@ -360,14 +367,14 @@ class OpenVinoLinear(nn.Module):
         return out.reshape(*x.shape[:-1], self.out_features)
 
 
-def _compiled(model):
-    """`model` (an ov.Model or an IR's path) compiled for this CPU with PyTorch's thread count and PROPERTIES, its
+def _compiled(model, properties: dict = PROPERTIES):
+    """`model` (an ov.Model or an IR's path) compiled for this CPU with PyTorch's thread count and `properties`, its
     blob cached under the specbench cache."""
     import openvino as ov
 
     core = ov.Core()
     core.set_property({"CACHE_DIR": str(cache_dir("openvino") / "compiled")})
-    return core.compile_model(model, "CPU", PROPERTIES | {"INFERENCE_NUM_THREADS": torch.get_num_threads()})
+    return core.compile_model(model, "CPU", properties | {"INFERENCE_NUM_THREADS": torch.get_num_threads()})
 
 
 def _padded(mask: torch.Tensor, past: int, padded: int) -> torch.Tensor:
@@ -405,16 +412,18 @@ def with_openvino(target: LoadedModel, weights: str) -> LoadedModel:
                              f"weights {target.weights} on backend {target.backend}: give it the eager float model "
                              f"(Execution('openvino', 'float32', '{weights}').apply does)")
     fp32 = with_dtype(target, "float32")
-    folder = ir_folder(fp32, f"forward-{weights}")
+    stored = weights.replace("w4a8_g", "int4_g")  # w4a8 compiles the int4 IR with activations quantised on the fly
+    properties = PROPERTIES | ({"DYNAMIC_QUANTIZATION_GROUP_SIZE": DYNAMIC_GROUP} if stored != weights else {})
+    folder = ir_folder(fp32, f"forward-{stored}")
     if not (folder / "openvino_model.xml").exists():
-        print(f"notice: exporting {target.name} to an OpenVINO IR ({weights}) once, into {folder}")
-        _export(fp32.model, weights, folder)
+        print(f"notice: exporting {target.name} to an OpenVINO IR ({stored}) once, into {folder}")
+        _export(fp32.model, stored, folder)
     xml = str(folder / "openvino_model.xml")
-    return dataclasses.replace(target, model=OpenVinoForward(fp32.model, _compiled(xml), _static(xml)),
-                               backend="openvino", weights=weights)
+    forward = OpenVinoForward(fp32.model, _compiled(xml, properties), _static(xml, properties))
+    return dataclasses.replace(target, model=forward, backend="openvino", weights=weights)
 
 
-def _static(xml: str) -> dict:
+def _static(xml: str, properties: dict) -> dict:
     """(rows, context) -> the IR compiled for that static shape, in STATIC_CONTEXTS x STATIC_ROWS order while the next
     one's resident cost (the largest seen so far) fits in what STATIC_MEMORY of the available memory leaves."""
     budget, compiled, cost = STATIC_MEMORY * (_available_bytes() or math.inf), {}, 0
@@ -423,7 +432,7 @@ def _static(xml: str) -> dict:
         if cost > budget:
             break
         before = _resident_bytes()
-        compiled[shape] = _compiled(_reshaped(xml, *shape))
+        compiled[shape] = _compiled(_reshaped(xml, *shape), properties)
         grown = _resident_bytes() - before
         budget, cost = budget - grown, max(cost, grown)
     log.info("openvino: %d of %d static shapes (rows, cached tokens) compiled in %.1f s, %d MiB resident: %s; other "

@@ -32,7 +32,10 @@ from specbench.execution.attention import row_invariant
 from specbench.execution.linears import fuse_projections, replace_linears
 from specbench.models.loading import LoadedModel
 
-FORMATS = ("fp", "int8", "int4", "w8a8")  # fp: the weights as loaded (float32 or the run's dtype)
+FORMATS = ("fp", "int8", "int4", "w8a8", "w4a8")  # fp: the weights as loaded (float32 or the run's dtype)
+# w4a8: int4 in groups with the activations quantised to int8 on the fly, OpenVINO's dynamic quantisation, the way its
+# GenAI engine decodes (model.backend=openvino only; execution/openvino.py says why it is no verify target)
+GROUPED = ("int4", "w4a8")  # the formats named with their group size: int4_g64, w4a8_g64
 AUTO = "auto"  # model.weights=auto: the machine profile picks the format with the cheapest verify forward
 GROUP_SIZES = (32, 64, 128, 256)  # what _weight_int4pack_mm_for_cpu accepts
 INT4_ROWS = 16  # _convert_weight_to_int4pack_for_cpu packs output channels in blocks of 16
@@ -48,16 +51,23 @@ def check_weights(weights: str, group_size: int = 32, where: str = "model.weight
                              f"{', '.join(map(str, GROUP_SIZES))} (the group sizes aten's CPU int4 kernel takes)")
 
 
+def check_backend_weights(weights: str, backend: str) -> None:
+    """One error line for model.weights a model.backend cannot run, before any model loads: w4a8 is OpenVINO's."""
+    if split_format(weights)[0] == "w4a8" and backend != "openvino":
+        raise SpecbenchError(f"model.weights={weights} with model.backend={backend}: w4a8 is OpenVINO's dynamic "
+                             f"quantisation of activations; set model.backend=openvino")
+
+
 def format_name(weights: str, group_size: int) -> str:
     """The weight format as the roofline prices it (models/shape.py): int4 with its group size, whose scales and zeros
     add bytes per parameter."""
-    return f"int4_g{group_size}" if weights == "int4" else weights
+    return f"{weights}_g{group_size}" if weights in GROUPED else weights
 
 
 def split_format(weights: str, group_size: int = 32) -> tuple[str, int]:
     """(weights, group_size) of a config name (int4 with model.group_size) or of a format name (int4_g64)."""
     head, _, group = weights.partition("_g")
-    return (head, int(group)) if head == "int4" and group.isdigit() else (weights, group_size)
+    return (head, int(group)) if head in GROUPED and group.isdigit() else (weights, group_size)
 
 
 def supported(weights: str, device: torch.device, backend: str = "eager") -> str | None:
@@ -65,6 +75,8 @@ def supported(weights: str, device: torch.device, backend: str = "eager") -> str
     weights = split_format(weights)[0]
     if weights == "fp":
         return None
+    if weights == "w4a8" and backend != "openvino":
+        return "w4a8 is OpenVINO's dynamic quantisation of activations: it runs on model.backend=openvino only"
     if torch.device(device).type != "cpu":
         return f"{weights} weights run aten's CPU kernels (_weight_int8pack_mm, _weight_int4pack_mm_for_cpu, _int_mm)"
     if backend == "prepacked":

@@ -30,7 +30,7 @@ class Execution(NamedTuple):
     @classmethod
     def parse(cls, text: str, group_size: int = 32) -> Execution:
         """An eval.plain_executions entry: backend/dtype or backend/dtype/weights (weights fp, int8, w8a8, int4 with
-        model.group_size, or int4_g<group>)."""
+        model.group_size, or int4_g<group>; w4a8 on openvino only)."""
         parts = str(text).split("/")
         ok = len(parts) in (2, 3) and parts[0] in BACKENDS and parts[1] in DTYPES
         if ok and len(parts) == 3:
@@ -40,7 +40,12 @@ class Execution(NamedTuple):
             raise SpecbenchError(f"eval.plain_executions entry '{text}' is invalid: give backend/dtype[/weights] with "
                                  f"a backend of {', '.join(BACKENDS)}, a dtype of {', '.join(DTYPES)} and weights of "
                                  f"{', '.join(FORMATS)} (int4_g<group> for another group size), e.g. eager/bfloat16/int8")
-        return cls(parts[0], parts[1], format_name(*split_format(parts[2], group_size)) if len(parts) == 3 else "fp")
+        weights = format_name(*split_format(parts[2], group_size)) if len(parts) == 3 else "fp"
+        execution = cls(parts[0], parts[1], weights)
+        if execution.weights.startswith("w4a8") and execution.backend != OPENVINO:
+            raise SpecbenchError(f"eval.plain_executions entry '{text}' is invalid: w4a8 is OpenVINO's dynamic "
+                                 f"quantisation of activations; give openvino/float32/{execution.weights}")
+        return execution
 
     def apply(self, target: LoadedModel) -> LoadedModel:
         """`target` (loaded eager, any dtype) quantised to these weights, cast to this dtype, on this backend. The

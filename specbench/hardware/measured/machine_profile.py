@@ -426,7 +426,8 @@ def _measure_profile(target: LoadedModel, path: Path, dtypes, sizes, contexts, r
             for backend in [b for w, d, b in todo if (w, d) == (fmt, name)]:
                 label = Execution(backend, name, fmt).label
                 unsupported.pop(label, None)
-                why = reason or supported(backend, torch_dtype(name), device) or weights_supported(fmt, device, backend)
+                why = ((reason if backend != OPENVINO else None)  # openvino compresses them itself: its own say
+                       or supported(backend, torch_dtype(name), device) or weights_supported(fmt, device, backend))
                 if why:
                     unsupported[label] = why
                     print(f"  {label}: not measured: {why}")
