@@ -153,6 +153,9 @@ def test_the_speedup_axis_names_the_fastest_plain_decodings_weights():
     assert plots._fastest(table) == "autoregressive, compile/bfloat16/int4_g32"
     assert plots._fastest(table.assign(weights="fp")) == "autoregressive, compile/bfloat16"
     assert plots._fastest(table.drop(columns="weights")) == "autoregressive, compile/bfloat16"  # older summaries
+    named = table.assign(method=["autoregressive@openvino/float32/w4a8_g64", "pld"],
+                         fastest_ar=["autoregressive@openvino/float32/w4a8_g64"] * 2)
+    assert plots._fastest(named) == "autoregressive@openvino/float32/w4a8_g64"  # its label names it once
 
 
 def test_the_caption_names_no_dtype_an_engine_row_does_not_have():

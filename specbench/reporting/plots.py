@@ -174,7 +174,7 @@ def budget_figure(table: pd.DataFrame, budget: str = "tree_budget", family: str 
     panel of the batch's tokens/s over plain decoding's too (batch sweeps)."""
     rows = _drafting(table, budget)
     panels = [(m, label) for m, label, shown in (
-        ("speedup", SPEEDUP_LABEL.format(_fastest(table)), True),
+        ("speedup", SPEEDUP_LABEL.format(_fastest(rows)), True),  # the references of the rows drawn only
         ("throughput_speedup", "throughput over plain decoding's (x)", throughput),
         ("tau", "tau (tokens per target forward)", True)) if shown and m in table]  # old summaries lack some
     fig, axes = plt.subplots(1, len(panels), squeeze=False, figsize=(5.5 * len(panels), 4.2))
@@ -381,7 +381,8 @@ def _fastest(table: pd.DataFrame, column: str = "fastest_ar") -> str:
     """The plain decoding every speedup in `table` is judged against (older summaries: the baseline), with its
     execution; column fastest_ar_any: the fastest of any weights."""
     names = list(dict.fromkeys(table[column].dropna())) if column in table else []
-    if len(names) == 1 and {"backend", "dtype"} <= set(table) and (table["method"] == names[0]).any():
+    if (len(names) == 1 and "@" not in str(names[0]) and {"backend", "dtype"} <= set(table)
+            and (table["method"] == names[0]).any()):  # autoregressive@<execution> names its execution already
         row = table[table["method"] == names[0]].iloc[0]  # name its execution: which plain decoding was fastest
         weights = row.get("weights")  # a quantised target is an execution of its own: name its weights
         return f"{names[0]}, " + Execution(row["backend"], row["dtype"], "fp" if pd.isna(weights) else weights).label
