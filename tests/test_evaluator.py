@@ -312,6 +312,21 @@ def test_a_run_adds_the_fastest_plain_decoding_of_its_own_weights_beside_the_fas
                           execution.fastest_ar}
 
 
+def test_weights_auto_never_verifies_on_w4a8_though_its_plain_decoding_is_the_fastest():
+    """w4a8's rows interact (execution/openvino.py): the fastest plain decoding of any weights may be it, the run's
+    own weights never; a profile of w4a8 alone is one error line."""
+    frame = hand_made_profile(fast_small="float32", fast_large="float32").latency
+    rows = [frame.assign(backend="openvino", weights="int4_g64", ms=frame["ms"] * 0.6),
+            frame.assign(backend="openvino", weights="w4a8_g64", ms=frame["ms"] * 0.4)]
+    profile = MachineProfile(machine_info(), "cpu", "tiny_random", hand_made_profile("float32", "float32").peaks,
+                             pd.concat(rows, ignore_index=True))
+    execution = plan("float32", "openvino", profile, 8, 256, "auto", ["int4_g64", "w4a8_g64"])
+    assert execution.weights == "int4_g64" and execution.fastest_ar[2] == "w4a8_g64"
+    assert plan("float32", "openvino", profile, 8, 256, "auto").weights == "int4_g64"  # every measured format
+    with pytest.raises(SpecbenchError, match="model.weights=auto chooses among .'w4a8_g64'., none of them a verify"):
+        plan("float32", "openvino", profile, 8, 256, "auto", ["w4a8_g64"])
+
+
 def test_tau_and_per_depth_acceptance_from_hand_made_records():
     """Two steps of an unbalanced tree: step 1 accepts 2 drafts and its depth-2 node is a leaf (nothing tried at
     depth 3 although the tree reaches depth 4); step 2 accepts 1 draft and its node's children were tried. The steps

@@ -66,9 +66,15 @@ def plan(dtype: str, backend: str, profile: MachineProfile | None, tree_size: fl
     fastest = fastest_plain(profile, context, weights=profile_weights)
     if AUTO not in (dtype, backend, weights):
         return ExecutionPlan(backend, dtype, given, fastest, weights, _fastest_same(profile, context, weights))
+    measured = list(profile_weights) if profile_weights is not None else list(
+        dict.fromkeys(e.weights for e in profile.executions))
+    verifiable = [w for w in measured if not w.startswith("w4a8")]  # its rows interact: a plain decoding only
+    if weights == AUTO and not verifiable:
+        raise SpecbenchError(f"model.weights=auto chooses among {measured}, none of them a verify target (w4a8's rows "
+                             f"interact): add fp, int8 or int4 to eval.profile_weights")
     chosen, reason = choose_execution(
         profile, tree_size, context, None if backend == AUTO else [backend], None if dtype == AUTO else [dtype],
-        profile_weights if weights == AUTO else [weights], fastest)
+        verifiable if weights == AUTO else [weights], fastest)
     return ExecutionPlan(chosen.backend, chosen.dtype, reason, fastest, chosen.weights,
                          _fastest_same(profile, context, chosen.weights))
 
