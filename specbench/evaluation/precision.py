@@ -19,6 +19,7 @@ from specbench.hardware.measured.machine_profile import (
     fastest_plain,
 )
 from specbench.execution.backends import AUTO, check_backend
+from specbench.execution.quantize import plain_only
 from specbench.execution.value import Execution
 from specbench.models.loading import DTYPES
 
@@ -68,7 +69,7 @@ def plan(dtype: str, backend: str, profile: MachineProfile | None, tree_size: fl
         return ExecutionPlan(backend, dtype, given, fastest, weights, _fastest_same(profile, context, weights))
     measured = list(profile_weights) if profile_weights is not None else list(
         dict.fromkeys(e.weights for e in profile.executions))
-    verifiable = [w for w in measured if not w.startswith("w4a8")]  # its rows interact: a plain decoding only
+    verifiable = [w for w in measured if not plain_only(w)]
     if weights == AUTO and not verifiable:
         raise SpecbenchError(f"model.weights=auto chooses among {measured}, none of them a verify target (w4a8's rows "
                              f"interact): add fp, int8 or int4 to eval.profile_weights")

@@ -118,7 +118,7 @@ def group_problem(config, weights: str) -> str | None:
     linear's input width), None when it can or the config is unknown."""
     if config is None or not weights.startswith(("int4_g", "w4a8_g")):
         return None
-    group = int(weights[len("int4_g"):])
+    group = int(weights.rpartition("_g")[2])
     widths = linear_input_widths(config)
     if any(n % group for n in widths):
         return f"the group must divide every linear's input width ({', '.join(map(str, widths))})"

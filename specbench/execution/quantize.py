@@ -51,11 +51,25 @@ def check_weights(weights: str, group_size: int = 32, where: str = "model.weight
                              f"{', '.join(map(str, GROUP_SIZES))} (the group sizes aten's CPU int4 kernel takes)")
 
 
+def plain_only(weights: str) -> bool:
+    """Whether these weights (a config or format name) serve plain decoding only, never a verify: w4a8's rows interact
+    (execution/openvino.py), so a tree verify on it is no lossless match for its plain decoding."""
+    return split_format(weights)[0] == "w4a8"
+
+
+def backend_problem(weights: str, backend: str) -> str | None:
+    """Why `backend` cannot run these weights on any device (w4a8 is OpenVINO's own), None when it can."""
+    if plain_only(weights) and backend != "openvino":
+        return "w4a8 is OpenVINO's dynamic quantisation of activations: it runs on model.backend=openvino only"
+    return None
+
+
 def check_backend_weights(weights: str, backend: str) -> None:
-    """One error line for model.weights a model.backend cannot run, before any model loads: w4a8 is OpenVINO's."""
-    if split_format(weights)[0] == "w4a8" and backend != "openvino":
-        raise SpecbenchError(f"model.weights={weights} with model.backend={backend}: w4a8 is OpenVINO's dynamic "
-                             f"quantisation of activations; set model.backend=openvino")
+    """One error line for model.weights a model.backend cannot run, before any model loads."""
+    reason = backend_problem(weights, backend)
+    if reason:
+        raise SpecbenchError(f"model.weights={weights} with model.backend={backend}: {reason}; set "
+                             f"model.backend=openvino")
 
 
 def format_name(weights: str, group_size: int) -> str:
@@ -75,8 +89,8 @@ def supported(weights: str, device: torch.device, backend: str = "eager") -> str
     weights = split_format(weights)[0]
     if weights == "fp":
         return None
-    if weights == "w4a8" and backend != "openvino":
-        return "w4a8 is OpenVINO's dynamic quantisation of activations: it runs on model.backend=openvino only"
+    if reason := backend_problem(weights, backend):
+        return reason
     if torch.device(device).type != "cpu":
         return f"{weights} weights run aten's CPU kernels (_weight_int8pack_mm, _weight_int4pack_mm_for_cpu, _int_mm)"
     if backend == "prepacked":

@@ -14,7 +14,7 @@ from typing import NamedTuple
 from specbench.errors import SpecbenchError
 from specbench.execution.backends import BACKENDS, OPENVINO, with_backend
 from specbench.execution.openvino import with_openvino
-from specbench.execution.quantize import FORMATS, GROUP_SIZES, format_name, split_format, with_weights
+from specbench.execution.quantize import FORMATS, GROUP_SIZES, backend_problem, format_name, split_format, with_weights
 from specbench.models.loading import DTYPES, LoadedModel, with_dtype
 
 
@@ -41,11 +41,11 @@ class Execution(NamedTuple):
                                  f"a backend of {', '.join(BACKENDS)}, a dtype of {', '.join(DTYPES)} and weights of "
                                  f"{', '.join(FORMATS)} (int4_g<group> for another group size), e.g. eager/bfloat16/int8")
         weights = format_name(*split_format(parts[2], group_size)) if len(parts) == 3 else "fp"
-        execution = cls(parts[0], parts[1], weights)
-        if execution.weights.startswith("w4a8") and execution.backend != OPENVINO:
-            raise SpecbenchError(f"eval.plain_executions entry '{text}' is invalid: w4a8 is OpenVINO's dynamic "
-                                 f"quantisation of activations; give openvino/float32/{execution.weights}")
-        return execution
+        reason = backend_problem(weights, parts[0])
+        if reason:
+            raise SpecbenchError(f"eval.plain_executions entry '{text}' is invalid: {reason}; give "
+                                 f"openvino/float32/{weights}")
+        return cls(parts[0], parts[1], weights)
 
     def apply(self, target: LoadedModel) -> LoadedModel:
         """`target` (loaded eager, any dtype) quantised to these weights, cast to this dtype, on this backend. The
