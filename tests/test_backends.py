@@ -75,6 +75,35 @@ def test_a_tree_forward_on_the_backend_equals_one_token_forwards_on_the_eager_mo
         assert torch.allclose(after[0], ref, atol=1e-4)
 
 
+def test_the_exported_attention_over_the_cache_and_the_new_rows_apart_equals_transformers_sdpa():
+    """split_attention (what the openvino export traces, so the cache is never copied) gives transformers' SDPA output
+    for grouped-query heads under a tree mask with cached keys, fully masked padding keys and a padding row included."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from specbench.execution.openvino import split_attention
+
+    torch.manual_seed(0)
+    heads, kv_heads, dim, past, n, layer = 6, 2, 8, 7, 4, 1
+    module = torch.nn.Module()
+    module.layer_idx, module.num_key_value_groups, module.is_causal = layer, heads // kv_heads, True
+    query = torch.randn(1, heads, n, dim)
+    key, value = torch.randn(1, kv_heads, n, dim), torch.randn(1, kv_heads, n, dim)
+    cached = [torch.randn(1, kv_heads, past, dim) for _ in range(4)]  # two layers' keys and values
+    tree = TokenTree(torch.tensor([5, 7, 9, 11]), torch.tensor([-1, 0, 0, 1]))
+    mask = torch.cat([torch.ones(n, past, dtype=torch.bool), tree.ancestor_mask()], 1)
+    mask[:, past - 2:past] = False  # two padding keys, as a static shape's cache holds them
+    mask[3] = False  # a padding row sees only itself
+    mask[3, past + 3] = True
+    mask = mask[None, None]
+    got, _ = split_attention(module, query, key, value, mask, scaling=dim ** -0.5, cached_kv=cached)
+    full_k, full_v = (torch.cat([cached[2 * layer + i], new], 2) for i, new in enumerate((key, value)))
+    want, _ = sdpa_attention_forward(module, query, full_k, full_v, mask, scaling=dim ** -0.5)
+    assert got.shape == want.shape == (1, n, heads, dim)
+    assert torch.allclose(got, want, atol=1e-5)
+    other, _ = split_attention(module, query, key, value, mask, scaling=dim ** -0.5, cached_kv=cached[::-1])
+    assert not torch.allclose(other, want, atol=1e-3)  # it reads its own layer's cache
+
+
 @pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed")
 def test_openvino_runs_batch_one_calls_at_a_padded_static_shape_with_the_dynamic_models_outputs(tiny, fast):
     """Rows and cached tokens are padded up to a compiled static shape (masked rows and keys): the logits, hidden
@@ -134,6 +163,23 @@ def test_openvino_caches_kept_in_a_static_shapes_memory_survive_another_cache_us
     got += steps(first, [7, 8])
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(got, expected))
     assert first.get_seq_length() == alone.get_seq_length() == 24
+
+
+@pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed")
+def test_a_static_memory_budget_serves_fewer_rows_at_every_context_before_more_rows(tiny, monkeypatch):
+    """Under a budget for four of the eight shapes, one row and four rows are compiled at both contexts and eight and
+    sixteen rows at none: a small tree's step costs the same whether its context is past the first static context or
+    not (with the 16-row shapes first, an fp32 run's 4-row trees fell to the dynamic model past 256 cached tokens)."""
+    from specbench.execution import openvino
+
+    resident = iter(range(0, 10**6, 50))  # every reading 50 bytes more: each compile grows the process by 50
+    monkeypatch.setattr(openvino, "_resident_bytes", lambda: next(resident))
+    monkeypatch.setattr(openvino, "_available_bytes", lambda: int(4 * 50 / openvino.STATIC_MEMORY))
+    model = with_backend(tiny, "openvino").model
+    rows, contexts = openvino.STATIC_ROWS, openvino.STATIC_CONTEXTS
+    assert sorted(model.static) == [(r, c) for r in rows[:2] for c in contexts] and len(contexts) == 2
+    assert model._static_shape(1, 3, contexts[-1]) == (rows[1], contexts[-1])
+    assert model._static_shape(1, rows[2], 20) is None
 
 
 @pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed")

@@ -123,6 +123,26 @@ def test_the_tree_respects_the_budget(tiny, prompts, store_path, budget):
     assert max(sizes) <= budget and (budget == 32 or max(sizes) == budget)
 
 
+@pytest.mark.parametrize("budget", [2, 4, 9])
+def test_reading_continuations_no_deeper_than_the_tree_can_reach_keeps_every_tree(tiny, prompts, store_path, budget):
+    """The tries are read budget - 1 deep (a tree of `budget` nodes reaches no deeper), so branch_len beyond that
+    changes no proposal: each step's tree equals that of a drafter whose continuations stop at budget - 1."""
+    deep = SSSDDrafter(tiny, NativePolicy(budget), datastore=str(store_path), branch_len=40)
+    reads = []
+    lookup = deep.store.lookup
+    deep.store.lookup = lambda *a: reads.append(a[-1]) or lookup(*a)
+    short = SSSDDrafter(tiny, NativePolicy(budget), datastore=str(store_path), branch_len=budget - 1)
+    for prompt in prompts:
+        state = DecodeState(tokens=list(prompt), prompt_len=len(prompt))
+        deep.reset(state)
+        short.reset(state)
+        for token in decode(tiny, AutoregressiveDrafter(), prompt, max_new=16).tokens:
+            a, b = deep.propose(state), short.propose(state)
+            assert a.tokens.tolist() == b.tokens.tolist() and a.parents.tolist() == b.parents.tolist()
+            state.tokens.append(token)
+    assert reads and set(reads) == {budget - 1}
+
+
 def test_a_missing_datastore_says_how_to_build_it(tiny, tmp_path):
     with pytest.raises(SpecbenchError, match=r"does not exist; build it with `python run.py task=datastore "
                                              r"model=tiny_random`"):

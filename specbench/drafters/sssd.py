@@ -93,16 +93,18 @@ class SSSDDrafter(Drafter):
     def candidates(self, tokens: list[int]) -> list[tuple[float, dict[int, TrieNode], int]]:
         """(scale, trie, total) per source tree: a node's score is scale * count / total * depth discount."""
         out = []
+        # a tree of `budget` nodes reaches depth budget - 1 at most, so deeper continuations are never read: not
+        # collecting them leaves the tree as it was and the tries smaller (the draft of a 4-node tree read 8 deep)
+        depth = min(self.branch_len, self.budget - 1)
         if "input" in self.sources:
             self.index.extend(tokens)  # the tokens accepted since the last step
             for k in range(1, min(self.input_max_prefix, len(tokens)) + 1):
-                total, trie = self.index.lookup(k, self.branch_len, self.samples)
+                total, trie = self.index.lookup(k, depth, self.samples)
                 if trie:
                     scale = self.input_discount * self.match_discount ** (self.input_max_prefix - k)
                     out.append((scale, trie, total))
         if self.store is not None:
-            total, trie = self.store.lookup(tokens, self.datastore_max_prefix, self.min_count, self.samples,
-                                            self.branch_len)
+            total, trie = self.store.lookup(tokens, self.datastore_max_prefix, self.min_count, self.samples, depth)
             if trie:
                 out.append((1.0, trie, total))
         return out

@@ -11,7 +11,8 @@ The IR is stateless, so nothing of transformers' cache or of the methods changes
 PyTorch, so PPD's prompt-token embeddings pass through it too), a 4D boolean mask (a tree's, or the causal one),
 position ids and every layer's cached keys and values -- and its outputs are the logits, every hidden state (EAGLE and
 Medusa read them) and only the new rows' keys and values, which the adapter appends to the run's own DynamicCache (so
-cropping and committing a path work unchanged). A batch-1 call of a few rows runs a copy compiled for a static shape,
+cropping and committing a path work unchanged). Inside the graph the attention reads the cached keys where they lie
+and the new rows as a second block (split_attention), so no call copies the cache. A batch-1 call of a few rows runs a copy compiled for a static shape,
 its rows and cache padded up to it (STATIC_ROWS: a dynamic shape costs the CPU plugin ~8 ms a call), and the cache's
 layers then stay views of that copy's input memory. Weights: `fp` keeps the float32 weights; `int8` and
 `int4_g<group>` are compressed by NNCF (int8 symmetric per output channel; int4 asymmetric in groups, NNCF's grid with
@@ -41,17 +42,18 @@ from pathlib import Path
 import torch
 from torch import nn
 from transformers import DynamicCache
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_utils import AttentionInterface
 
 from specbench.errors import SpecbenchError
 from specbench.models.loading import LoadedModel, cache_dir, with_dtype
 from specbench.models.shape import head_dim, linear_input_widths
 
 INSTALL = "pip install -e '.[engines]'"
-# transformers' SDPA repeats each key/value head for its query heads unless told the kernel takes grouped heads; the
-# IR's attention then reads the cache once instead of broadcasting it to every query head (the 4 ms Broadcast op of
-# OpenVINO's per-op profile of an 8-row verify went away; the wall time moved within its noise)
-FORCE_GQA = "TRANSFORMERS_SDPA_FORCE_GQA"
+# the attention the exported forward runs (split_attention), registered with transformers under this name; a new IR
+# layout changes the name, which keys the IR cache (ir_folder), so an IR exported before is not read as this one
+ATTENTION = "specbench_split_v1"
 # float32 activations, never quantised on the fly: with OpenVINO's default dynamic quantisation (activations to int8 in
 # groups of 32 before an int4 or int8 FC) a 16-row verify of SmolLM2 int4_g64 gave logits up to 0.84 away from the same
 # 16 one-token forwards, and speculation kept 5 of 20 answers of the backend's own plain decoding; without it 5.7e-5
@@ -76,10 +78,14 @@ BUCKET = 32
 # 28 ms one-row SmolLM2 call outside its kernels, shape by shape, where a static one spends 3 (int4_g64 on a 2-core
 # Cascade Lake: one row 28.4 -> 21.0 ms, 16 rows 54.7 -> 44.8). Each shape costs ~3 s to compile (under 1 s from the
 # compile cache) and ~200 MB of memory, so a few: rows for plain decoding, a chain or a small tree, a 16-node tree;
-# other calls (prefill, larger trees and contexts, batches) take the dynamic model. Compiled in this order while they
-# fit in STATIC_MEMORY of the memory available at the build (a compile's resident cost, measured on the first: ~260
-# MiB for SmolLM2 int4_g64, ~1.2 GiB for its float32 weights, which the plugin copies into every compiled model)
-STATIC_ROWS = (1, 16, 4, 8)
+# other calls (prefill, larger trees and contexts, batches) take the dynamic model. Compiled while they fit in
+# STATIC_MEMORY of the memory available at the build (a compile's resident cost, measured on the first: ~260 MiB for
+# SmolLM2 int4_g64, ~1.2 GiB for its float32 weights, which the plugin copies into every compiled model: five of the
+# eight), fewer rows first and each row count at every context before the next: a method's step then costs the same
+# before and after its context crosses 256 (with the 16-row shapes first, an fp32 run's 4-row trees went to the
+# dynamic model past 256 cached tokens while plain decoding stayed static), and small trees are the ones a CPU verifies
+# at near one row's cost
+STATIC_ROWS = (1, 4, 8, 16)
 STATIC_CONTEXTS = (256, 512)
 STATIC_MEMORY = 0.25
 log = logging.getLogger(__name__)
@@ -125,16 +131,17 @@ def group_problem(config, weights: str) -> str | None:
     return None
 
 
-def ir_folder(loaded: LoadedModel, kind: str) -> Path:
+def ir_folder(loaded: LoadedModel, kind: str, layout: str = "") -> Path:
     """Where an IR of `loaded`'s float weights is cached: keyed by the model's source and config, two of its weights
-    (a draft artifact or a changed checkpoint moves them) and the OpenVINO and transformers versions."""
+    (a draft artifact or a changed checkpoint moves them), the OpenVINO and transformers versions and the graph's
+    `layout` (what the export traces)."""
     import openvino as ov
     import transformers
 
     params = list(loaded.model.parameters())
     first, last = (p.detach().float().sum().item() for p in (params[0], params[-1]))
     identity = f"{loaded.source}:{loaded.model.config.to_json_string()}:{first}:{last}"
-    key = hashlib.sha1(f"{identity}:{ov.__version__}:{transformers.__version__}".encode()).hexdigest()[:10]
+    key = hashlib.sha1(f"{identity}:{ov.__version__}:{transformers.__version__}{layout}".encode()).hexdigest()[:10]
     return cache_dir("openvino") / f"{loaded.name}-{key}-{kind}"
 
 
@@ -169,19 +176,40 @@ class _Traced(nn.Module):
     states and the new rows' keys and values out. The cache goes in as one tensor (every layer's keys and values
     stacked: 2 x layers, batch, heads, tokens, head dim) and the hidden states and new rows come out stacked the same
     way: OpenVINO pays per input and output of a dynamic shape on every call (60 cache inputs and 91 outputs took 10 ms
-    of a 39 ms SmolLM2 step beyond its kernels)."""
+    of a 39 ms SmolLM2 step beyond its kernels). The model runs with ATTENTION (split_attention): its own cache holds
+    only the new rows, and the cached ones reach the attention as `cached_kv`."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
 
     def forward(self, inputs_embeds, attention_mask, position_ids, past):
-        cache = flat_cache(self.model.config, past.unbind(0))
+        layers = past.unbind(0)
+        cache = flat_cache(self.model.config, [t[:, :, :0] for t in layers])
         out = self.model(inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids,
-                         past_key_values=cache, use_cache=True, output_hidden_states=True)
-        start = past.shape[3]
-        new = [t[:, :, start:] for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
+                         past_key_values=cache, use_cache=True, output_hidden_states=True, cached_kv=layers)
+        new = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
         return out.logits, torch.stack(out.hidden_states), torch.stack(new)
+
+
+def split_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, cached_kv=(), **_):
+    """Attention over the cached keys and the new rows as two blocks, for the exported graph: query (batch, heads, n,
+    dim), key and value the new rows only (batch, kv heads, n, dim), `cached_kv` every layer's cached keys and values,
+    `attention_mask` the 4D boolean mask over cached + new keys. transformers' SDPA sees the cache concatenated with the
+    new rows, which OpenVINO's CPU plugin copies whole on every call (its Concat runs the reference kernel), and its
+    grouped-query form goes in as a 5D SDPA the plugin takes apart into a Transpose of the whole cache and two MatMuls:
+    in a one-row w4a8_g64 SmolLM2 call on a 2-core Cascade Lake those three grew from 2.8 to 10.1 ms between 128 and
+    512 cached tokens, of 13.3 and 23.4 ms (per-op profile). Here each key/value head's queries are one matrix against
+    the cache as it lies, the new rows a second small block: nothing is copied and no head is repeated."""
+    cached_k, cached_v = cached_kv[2 * module.layer_idx], cached_kv[2 * module.layer_idx + 1]
+    batch, heads, n, dim = query.shape
+    kv_heads, groups, past = key.shape[1], heads // key.shape[1], cached_k.shape[2]
+    q = query.reshape(batch, kv_heads, groups * n, dim)  # query head h reads key head h // groups, as repeat_kv
+    scores = torch.cat([q @ cached_k.transpose(-1, -2), q @ key.transpose(-1, -2)], -1) * scaling
+    mask = attention_mask.to(torch.bool).repeat(1, 1, groups, 1)  # row g * n + i is row i's mask
+    probs = torch.where(mask, scores, torch.finfo(scores.dtype).min).softmax(-1)
+    out = probs[..., :past] @ cached_v + probs[..., past:] @ value
+    return out.reshape(batch, heads, n, dim).transpose(1, 2).contiguous(), None
 
 
 def _export(model: nn.Module, weights: str, folder: Path) -> None:
@@ -193,8 +221,10 @@ def _export(model: nn.Module, weights: str, folder: Path) -> None:
     mask = torch.ones(n, past + n, dtype=torch.bool).tril(past)[None, None]
     example = (torch.zeros(1, n, config.hidden_size), mask, torch.arange(past, past + n)[None],
                torch.zeros(2 * layers, 1, kv_heads, past, width))
-    gqa = os.environ.get(FORCE_GQA)
-    os.environ[FORCE_GQA] = "1"
+    AttentionInterface.register(ATTENTION, split_attention)
+    AttentionMaskInterface.register(ATTENTION, sdpa_mask)  # a 4D mask goes through as given; sdpa's for any other
+    attention = model.config._attn_implementation
+    model.config._attn_implementation = ATTENTION
     try:  # the trace's warnings are about code paths of the model it specialises, nothing a user acts on
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -204,10 +234,7 @@ def _export(model: nn.Module, weights: str, folder: Path) -> None:
         raise SpecbenchError(f"model.backend=openvino cannot export this model: openvino.convert_model failed: "
                              f"{lines[-1][:200] if lines else type(exc).__name__}") from exc
     finally:
-        if gqa is None:
-            os.environ.pop(FORCE_GQA)
-        else:
-            os.environ[FORCE_GQA] = gqa
+        model.config._attn_implementation = attention
     names = ["inputs_embeds", "attention_mask", "position_ids", "past"]
     shapes = [[-1, -1, config.hidden_size], [-1, 1, -1, -1], [-1, -1], [2 * layers, -1, kv_heads, -1, width]]
     for port, name, shape in zip(ir.inputs, names, shapes):
@@ -238,9 +265,14 @@ class OpenVinoForward(nn.Module):
         self._owners: dict[tuple[int, int], weakref.ref] = {}  # static shape -> the cache whose rows its memory holds
         self.layers = model.config.num_hidden_layers
         self.empty_cache = (2 * self.layers, model.config.num_key_value_heads, 0, head_dim(model.config))
-        for request in self.static.values():  # masked keys must be finite (0 * nan is nan); later calls leave theirs
-            for tensor in request.input_tensors:
-                torch.from_numpy(tensor.data).zero_()
+        # a static request's input tensors keep their shape and memory, so their torch views are made once, and its
+        # cache input's per-layer views too: making them per call took ~0.6 ms of a 15 ms one-row SmolLM2 step
+        self._ports = {shape: tuple(torch.from_numpy(t.data) for t in request.input_tensors)
+                       for shape, request in self.static.items()}
+        self._layer_ports = {shape: ports[3].unbind(0) for shape, ports in self._ports.items()}
+        for ports in self._ports.values():  # masked keys must be finite (0 * nan is nan); later calls leave theirs
+            for port in ports:
+                port.zero_()
 
     @property
     def device(self) -> torch.device:
@@ -281,17 +313,21 @@ class OpenVinoForward(nn.Module):
         # instead (share_inputs=True, or tensors made with shared_memory) the cache's arrays made OpenVINO's CPU
         # plugin corrupt the heap on the call after a tree verify (glibc: corrupted double-linked list), as if it
         # wrote past them
-        cached = _input(request, 3, (layers_kv, batch, kv_heads, padded, width))
-        if not shape:  # masked out, but finite: a masked key's weight is 0, and 0 * nan is nan (static: zeroed once)
-            cached[:, :, :, past:].zero_()
+        if shape:
+            ports, layer_ports = self._ports[shape], self._layer_ports[shape]
+            self._own(shape, cache)
         else:
-            self._own(shape, cache, cached)
+            ports = [_input(request, port, tuple(value.shape))
+                     for port, value in enumerate((embeds, mask, position_ids))]
+            ports.append(_input(request, 3, (layers_kv, batch, kv_heads, padded, width)))
+            layer_ports = ports[3].unbind(0)
+            ports[3][:, :, :, past:].zero_()  # masked out, but finite: a masked key's weight is 0, and 0 * nan is nan
         if past:
-            for i, t in enumerate(t for layer in cache.layers for t in (layer.keys, layer.values)):
-                if not _views(t, cached[i]):  # a layer already in this request's memory is not copied again
-                    cached[i, :, :, :past] = t
-        for port, value in enumerate((embeds, mask, position_ids.to(torch.int64))):
-            _input(request, port, tuple(value.shape)).copy_(value)
+            for t, port in zip((t for layer in cache.layers for t in (layer.keys, layer.values)), layer_ports):
+                if not _views(t, port):  # a layer already in this request's memory is not copied again
+                    port[:, :, :past] = t
+        for port, value in zip(ports, (embeds, mask, position_ids)):
+            port.copy_(value)
         request.infer()
         logits, hidden, new = (torch.from_numpy(request.get_output_tensor(i).data) for i in range(3))
         if shape and past and past + n <= padded:
@@ -299,23 +335,25 @@ class OpenVinoForward(nn.Module):
             # view of it, so the next call of this shape copies nothing in and DynamicCache.update concatenates
             # nothing (4 of a 24 ms one-row SmolLM2 step at context 250); crop and commit_path work on views as on
             # any tensor, and _own detaches a cache's views before another cache writes this memory
-            cached[:, :, :, past:past + n] = new[:, :, :, :n]
-            for i, layer in enumerate(cache.layers):
-                layer.keys, layer.values = cached[2 * i, :, :, :past + n], cached[2 * i + 1, :, :, :past + n]
+            ports[3][:, :, :, past:past + n] = new[:, :, :, :n]
+            views = ports[3].narrow(3, 0, past + n).unbind(0)
+            for layer, keys, values in zip(cache.layers, views[0::2], views[1::2]):
+                layer.keys, layer.values = keys, values
         else:
             for layer in range(self.layers):  # copies: the request's output buffers are reused by the next call
                 cache.update(new[2 * layer, :, :, :n].clone(), new[2 * layer + 1, :, :, :n].clone(), layer)
-        hidden = tuple(h[:, :n].clone() for h in hidden) if output_hidden_states else None
+        # one copy of every layer's rows, then views: the request's output buffers are reused by the next call
+        hidden = hidden[:, :, :n].clone().unbind(0) if output_hidden_states else None
         return CausalLMOutputWithPast(logits=logits[:, :n].clone(), past_key_values=cache, hidden_states=hidden)
 
-    def _own(self, shape: tuple[int, int], cache: DynamicCache, cached: torch.Tensor) -> None:
+    def _own(self, shape: tuple[int, int], cache: DynamicCache) -> None:
         """`cache` is about to write the static request `shape`'s cache memory: another cache whose layers are views of
         it (a generation before, still referenced) gets copies of them first, so it never sees this cache's rows."""
         owner = self._owners.get(shape)
         other = owner() if owner is not None else None
         if other is not None and other is not cache:
-            for i, layer in enumerate(other.layers):
-                if getattr(layer, "keys", None) is not None and _views(layer.keys, cached[2 * i]):
+            for layer, port in zip(other.layers, self._layer_ports[shape][0::2]):
+                if getattr(layer, "keys", None) is not None and _views(layer.keys, port):
                     layer.keys, layer.values = layer.keys.clone(), layer.values.clone()
         self._owners[shape] = weakref.ref(cache)
 
@@ -414,7 +452,7 @@ def with_openvino(target: LoadedModel, weights: str) -> LoadedModel:
     fp32 = with_dtype(target, "float32")
     stored = weights.replace("w4a8_g", "int4_g")  # w4a8 compiles the int4 IR with activations quantised on the fly
     properties = PROPERTIES | ({"DYNAMIC_QUANTIZATION_GROUP_SIZE": DYNAMIC_GROUP} if stored != weights else {})
-    folder = ir_folder(fp32, f"forward-{stored}")
+    folder = ir_folder(fp32, f"forward-{stored}", f":{ATTENTION}")
     if not (folder / "openvino_model.xml").exists():
         print(f"notice: exporting {target.name} to an OpenVINO IR ({stored}) once, into {folder}")
         _export(fp32.model, stored, folder)
@@ -424,11 +462,11 @@ def with_openvino(target: LoadedModel, weights: str) -> LoadedModel:
 
 
 def _static(xml: str, properties: dict) -> dict:
-    """(rows, context) -> the IR compiled for that static shape, in STATIC_CONTEXTS x STATIC_ROWS order while the next
+    """(rows, context) -> the IR compiled for that static shape, in STATIC_ROWS x STATIC_CONTEXTS order while the next
     one's resident cost (the largest seen so far) fits in what STATIC_MEMORY of the available memory leaves."""
     budget, compiled, cost = STATIC_MEMORY * (_available_bytes() or math.inf), {}, 0
     start, resident = time.perf_counter(), _resident_bytes()
-    for shape in ((rows, context) for context in STATIC_CONTEXTS for rows in STATIC_ROWS):
+    for shape in ((rows, context) for rows in STATIC_ROWS for context in STATIC_CONTEXTS):
         if cost > budget:
             break
         before = _resident_bytes()
