@@ -166,23 +166,6 @@ def test_openvino_caches_kept_in_a_static_shapes_memory_survive_another_cache_us
 
 
 @pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed")
-def test_a_static_memory_budget_serves_fewer_rows_at_every_context_before_more_rows(tiny, monkeypatch):
-    """Under a budget for four of the eight shapes, one row and four rows are compiled at both contexts and eight and
-    sixteen rows at none: a small tree's step costs the same whether its context is past the first static context or
-    not (with the 16-row shapes first, an fp32 run's 4-row trees fell to the dynamic model past 256 cached tokens)."""
-    from specbench.execution import openvino
-
-    resident = iter(range(0, 10**6, 50))  # every reading 50 bytes more: each compile grows the process by 50
-    monkeypatch.setattr(openvino, "_resident_bytes", lambda: next(resident))
-    monkeypatch.setattr(openvino, "_available_bytes", lambda: int(4 * 50 / openvino.STATIC_MEMORY))
-    model = with_backend(tiny, "openvino").model
-    rows, contexts = openvino.STATIC_ROWS, openvino.STATIC_CONTEXTS
-    assert sorted(model.static) == [(r, c) for r in rows[:2] for c in contexts] and len(contexts) == 2
-    assert model._static_shape(1, 3, contexts[-1]) == (rows[1], contexts[-1])
-    assert model._static_shape(1, rows[2], 20) is None
-
-
-@pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed")
 def test_openvino_compiles_only_the_static_shapes_its_memory_budget_holds(tiny, fast, monkeypatch):
     """Every static shape is a compiled model of its own (~1.2 GiB for SmolLM2's float weights): the first is always
     built, the next only while the largest one's measured cost fits what is left of STATIC_MEMORY of the available

@@ -78,14 +78,10 @@ BUCKET = 32
 # 28 ms one-row SmolLM2 call outside its kernels, shape by shape, where a static one spends 3 (int4_g64 on a 2-core
 # Cascade Lake: one row 28.4 -> 21.0 ms, 16 rows 54.7 -> 44.8). Each shape costs ~3 s to compile (under 1 s from the
 # compile cache) and ~200 MB of memory, so a few: rows for plain decoding, a chain or a small tree, a 16-node tree;
-# other calls (prefill, larger trees and contexts, batches) take the dynamic model. Compiled while they fit in
-# STATIC_MEMORY of the memory available at the build (a compile's resident cost, measured on the first: ~260 MiB for
-# SmolLM2 int4_g64, ~1.2 GiB for its float32 weights, which the plugin copies into every compiled model: five of the
-# eight), fewer rows first and each row count at every context before the next: a method's step then costs the same
-# before and after its context crosses 256 (with the 16-row shapes first, an fp32 run's 4-row trees went to the
-# dynamic model past 256 cached tokens while plain decoding stayed static), and small trees are the ones a CPU verifies
-# at near one row's cost
-STATIC_ROWS = (1, 4, 8, 16)
+# other calls (prefill, larger trees and contexts, batches) take the dynamic model. Compiled in this order while they
+# fit in STATIC_MEMORY of the memory available at the build (a compile's resident cost, measured on the first: ~260
+# MiB for SmolLM2 int4_g64, ~1.2 GiB for its float32 weights, which the plugin copies into every compiled model)
+STATIC_ROWS = (1, 16, 4, 8)
 STATIC_CONTEXTS = (256, 512)
 STATIC_MEMORY = 0.25
 log = logging.getLogger(__name__)
@@ -462,11 +458,11 @@ def with_openvino(target: LoadedModel, weights: str) -> LoadedModel:
 
 
 def _static(xml: str, properties: dict) -> dict:
-    """(rows, context) -> the IR compiled for that static shape, in STATIC_ROWS x STATIC_CONTEXTS order while the next
+    """(rows, context) -> the IR compiled for that static shape, in STATIC_CONTEXTS x STATIC_ROWS order while the next
     one's resident cost (the largest seen so far) fits in what STATIC_MEMORY of the available memory leaves."""
     budget, compiled, cost = STATIC_MEMORY * (_available_bytes() or math.inf), {}, 0
     start, resident = time.perf_counter(), _resident_bytes()
-    for shape in ((rows, context) for rows in STATIC_ROWS for context in STATIC_CONTEXTS):
+    for shape in ((rows, context) for context in STATIC_CONTEXTS for rows in STATIC_ROWS):
         if cost > budget:
             break
         before = _resident_bytes()
