@@ -12,14 +12,14 @@ PyTorch, so PPD's prompt-token embeddings pass through it too), a 4D boolean mas
 position ids and every layer's cached keys and values -- and its outputs are the logits, every hidden state (EAGLE and
 Medusa read them) and only the new rows' keys and values, which the adapter appends to the run's own DynamicCache (so
 cropping and committing a path work unchanged). Inside the graph the attention reads the cached keys where they lie
-and the new rows as a second block (split_attention), so no call copies the cache. A batch-1 call of a few rows runs a copy compiled for a static shape,
-its rows and cache padded up to it (STATIC_ROWS: a dynamic shape costs the CPU plugin ~8 ms a call), and the cache's
-layers then stay views of that copy's input memory. Weights: `fp` keeps the float32 weights; `int8` and
-`int4_g<group>` are compressed by NNCF (int8 symmetric per output channel; int4 asymmetric in groups, NNCF's grid with
-an integer zero point, which is not aten's grid of execution/quantize.py: an openvino int4 target is a target of its
-own); `w4a8_g<group>` is that int4 IR run with its activations quantised on the fly (PROPERTIES says why apart). The
-IR is cached under the specbench cache, keyed by the model and the versions that shape it; OpenVINO's compiled blobs
-too.
+and the new rows as a second block (split_attention), so no call copies the cache. A batch-1 call of a few rows runs a
+copy compiled for a static shape, its rows and cache padded up to it (STATIC_ROWS: a dynamic shape costs the CPU plugin
+~8 ms a call), and the cache's layers then stay views of that copy's input memory. Weights: `fp` keeps the float32
+weights; `int8` and `int4_g<group>` are compressed by NNCF (int8 symmetric per output channel; int4 asymmetric in
+groups, NNCF's grid with an integer zero point, which is not aten's grid of execution/quantize.py: an openvino int4
+target is a target of its own); `w4a8_g<group>` is that int4 IR run with its activations quantised on the fly
+(PROPERTIES says why apart). The IR is cached under the specbench cache, keyed by the model, the versions that shape it
+and the attention it traces; OpenVINO's compiled blobs too.
 """
 
 from __future__ import annotations
@@ -137,7 +137,8 @@ def ir_folder(loaded: LoadedModel, kind: str, layout: str = "") -> Path:
     params = list(loaded.model.parameters())
     first, last = (p.detach().float().sum().item() for p in (params[0], params[-1]))
     identity = f"{loaded.source}:{loaded.model.config.to_json_string()}:{first}:{last}"
-    key = hashlib.sha1(f"{identity}:{ov.__version__}:{transformers.__version__}{layout}".encode()).hexdigest()[:10]
+    versions = f"{ov.__version__}:{transformers.__version__}" + (f":{layout}" if layout else "")
+    key = hashlib.sha1(f"{identity}:{versions}".encode()).hexdigest()[:10]
     return cache_dir("openvino") / f"{loaded.name}-{key}-{kind}"
 
 
@@ -199,6 +200,7 @@ def split_attention(module, query, key, value, attention_mask, scaling=None, dro
     the cache as it lies, the new rows a second small block: nothing is copied and no head is repeated."""
     cached_k, cached_v = cached_kv[2 * module.layer_idx], cached_kv[2 * module.layer_idx + 1]
     batch, heads, n, dim = query.shape
+    scaling = dim ** -0.5 if scaling is None else scaling  # SDPA's default, as transformers' sdpa_attention_forward
     kv_heads, groups, past = key.shape[1], heads // key.shape[1], cached_k.shape[2]
     q = query.reshape(batch, kv_heads, groups * n, dim)  # query head h reads key head h // groups, as repeat_kv
     scores = torch.cat([q @ cached_k.transpose(-1, -2), q @ key.transpose(-1, -2)], -1) * scaling
@@ -448,7 +450,7 @@ def with_openvino(target: LoadedModel, weights: str) -> LoadedModel:
     fp32 = with_dtype(target, "float32")
     stored = weights.replace("w4a8_g", "int4_g")  # w4a8 compiles the int4 IR with activations quantised on the fly
     properties = PROPERTIES | ({"DYNAMIC_QUANTIZATION_GROUP_SIZE": DYNAMIC_GROUP} if stored != weights else {})
-    folder = ir_folder(fp32, f"forward-{stored}", f":{ATTENTION}")
+    folder = ir_folder(fp32, f"forward-{stored}", ATTENTION)
     if not (folder / "openvino_model.xml").exists():
         print(f"notice: exporting {target.name} to an OpenVINO IR ({stored}) once, into {folder}")
         _export(fp32.model, stored, folder)
