@@ -104,6 +104,55 @@ def test_the_exported_attention_over_the_cache_and_the_new_rows_apart_equals_tra
     assert not torch.allclose(other, want, atol=1e-3)  # it reads its own layer's cache
 
 
+def test_the_row_invariant_attention_equals_sdpa_and_computes_a_row_alike_whether_its_ancestors_are_cached_or_new():
+    """recent_attention (w4a8r's export) gives transformers' SDPA output under a tree mask, and a row's output is
+    bitwise the same when its ancestors' keys are new rows of the call (a tree verify) and when they are cached (plain
+    decoding): the float sums run in an order fixed by the row's position, so int8 activations downstream see the same
+    numbers. split_attention, which puts new rows in a block of their own, fails the second check."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    from specbench.execution.openvino import RECENT_DEPTH, _window, recent_attention, split_attention
+
+    torch.manual_seed(0)
+    heads, kv_heads, dim, past, layer = 6, 2, 8, 40, 0
+    module = torch.nn.Module()
+    module.layer_idx, module.num_key_value_groups, module.is_causal = layer, heads // kv_heads, True
+    tree = TokenTree(torch.tensor([5, 7, 9, 11, 13]), torch.tensor([-1, 0, 0, 1, 3]))  # node 4 at depth 3
+    n = len(tree)
+    query = torch.randn(1, heads, n, dim)
+    key, value = torch.randn(1, kv_heads, n, dim), torch.randn(1, kv_heads, n, dim)
+    cached = [torch.randn(1, kv_heads, past, dim) for _ in range(2)]
+    mask = torch.cat([torch.ones(n, past, dtype=torch.bool), tree.ancestor_mask()], 1)[None, None]
+    positions = past + tree.depths[None]
+    padded = 64  # a static shape's cache: slots past its rows hold stale keys, which must not count
+    stale = [torch.cat([c, torch.randn(1, kv_heads, padded - past, dim)], 2) for c in cached]
+    cached_mask, *window = _window(mask, positions, past, padded)
+    got, _ = recent_attention(module, query, key, value, cached_mask, scaling=dim ** -0.5, cached_kv=stale,
+                              recent=tuple(window))
+    full_k, full_v = (torch.cat([cached[i], new], 2) for i, new in enumerate((key, value)))
+    want, _ = sdpa_attention_forward(module, query, full_k, full_v, mask, scaling=dim ** -0.5)
+    assert torch.allclose(got, want, atol=1e-5)
+
+    def alone(attention, node):  # node's row as plain decoding computes it: its ancestors cached, itself new
+        path = tree.path_to(node)[:-1]
+        cache = [torch.cat([c, new[:, :, path]], 2) for c, new in zip(cached, (key, value))]
+        depth = len(path)
+        row_mask = torch.ones(1, 1, 1, past + depth + 1, dtype=torch.bool)
+        args = (module, query[:, :, node:node + 1], key[:, :, node:node + 1], value[:, :, node:node + 1])
+        if attention is split_attention:
+            return attention(*args, row_mask, scaling=dim ** -0.5, cached_kv=cache)[0]
+        cache = [torch.cat([c, torch.randn(1, kv_heads, padded - past - depth, dim)], 2) for c in cache]
+        cached_mask, *window = _window(row_mask, torch.tensor([[past + depth]]), past + depth, padded)
+        return attention(*args, cached_mask, scaling=dim ** -0.5, cached_kv=cache, recent=tuple(window))[0]
+
+    assert max(tree.depths) <= RECENT_DEPTH
+    for node in range(n):
+        assert torch.equal(alone(recent_attention, node)[0, 0], got[0, node]), node
+    split, _ = split_attention(module, query, key, value, torch.cat([mask, mask.new_zeros(1, 1, n, 0)], 3),
+                               scaling=dim ** -0.5, cached_kv=cached)
+    assert not all(torch.equal(alone(split_attention, node)[0, 0], split[0, node]) for node in range(n))
+
+
 @pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed")
 def test_openvino_runs_batch_one_calls_at_a_padded_static_shape_with_the_dynamic_models_outputs(tiny, fast):
     """Rows and cached tokens are padded up to a compiled static shape (masked rows and keys): the logits, hidden
@@ -398,6 +447,38 @@ def test_openvino_w4a8_is_the_int4_ir_compiled_with_activations_quantised_on_the
     with torch.inference_mode():
         logits = [runs[w].model(input_ids=prompt, past_key_values=DynamicCache()).logits for w in runs]
     assert torch.allclose(logits[0], logits[1], atol=0.1)
+
+
+@pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed")
+@pytest.mark.slow
+def test_openvino_w4a8r_verifies_a_tree_bitwise_as_its_own_one_token_forwards_and_speculates_losslessly(tiny):
+    """w4a8r_g<group> (dynamic quantisation, row-invariant): each tree node's logits equal, bitwise, those of one-token
+    forwards of the same model along its path, a prefill deeper than the attention's window runs in pieces, and greedy
+    speculation returns its plain decoding."""
+    from specbench.execution.value import Execution
+
+    run = Execution("openvino", "float32", "w4a8r_g32").apply(tiny)
+    model = run.model
+    assert model.row_invariant and min(rows for rows, _ in model.static) == 2
+    prompt = torch.arange(10, 50)[None]  # deeper than RECENT_DEPTH: the prefill runs in pieces
+    tree = TokenTree(torch.tensor([5, 7, 9, 11, 13]), torch.tensor([-1, 0, 0, 1, 3]))
+    with torch.inference_mode():
+        cache = DynamicCache()
+        model(input_ids=prompt, past_key_values=cache, use_cache=True)
+        logits = verify_tree(model, cache, tree).logits
+        for node in range(len(tree)):
+            one = DynamicCache()
+            model(input_ids=prompt, past_key_values=one, use_cache=True)
+            for token in tree.tokens[tree.path_to(node)]:
+                out = model(input_ids=token.view(1, 1), past_key_values=one, use_cache=True).logits[0, -1]
+            assert torch.equal(logits[node], out), node
+    texts = ["the cat sat on the mat and the cat sat on the hat", "abc abc abc abd abc", "hello world " * 6]
+    for text in texts:
+        prompt = tiny.tokenizer(text)["input_ids"]
+        plain, pld = (Decoder(model, drafter, ExactAcceptance(), SamplingParams(), 32, tiny.eos_token_ids,
+                              max_context=tiny.max_context).generate(prompt).tokens
+                      for drafter in (AutoregressiveDrafter(), PromptLookupDrafter(run, NativePolicy(8))))
+        assert pld == plain
 
 
 @pytest.mark.parametrize("override, message", [

@@ -68,6 +68,23 @@ ATTENTION = "specbench_split_v1"
 # verify on it is no lossless match for its plain decoding, as the lossless column of a run shows.
 PROPERTIES = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
 DYNAMIC_GROUP = 32
+# w4a8r_g<group>: the same int4 IR and dynamic quantisation, run so that a row's logits are the same whatever else its
+# call holds, so a tree verify on it is its own plain decoding. Two things moved a row before, both measured on
+# SmolLM2 (/work/notes/stop48): the CPU plugin quantises a one-row call by another kernel than a call of several rows
+# (1.29 logits apart; rows of 2 to 16-row calls agree bitwise), and the float32 sums of attention run in another
+# order when an ancestor's key is a new row of the call than when it is cached (~1e-6, which a rounding to int8 of the
+# next projection's input turns into up to 1.1 logits: 5 of 6 SSSD answers changed). So every call runs at least
+# ROW_INVARIANT_MIN_ROWS rows, and the export traces recent_attention, whose key layout depends on the query row's
+# position alone. The cost: 21.9 against 18.0 ms a two-row call (17.0 for one row of w4a8).
+ROW_INVARIANT_MIN_ROWS = 2
+ROW_INVARIANT_FORMAT = "w4a8r_g<group>"
+ROW_INVARIANT_ATTENTION = "specbench_recent_v1"
+# recent_attention's window: a row at position P reads the keys below b(P) = floor((P - RECENT_DEPTH) / RECENT_STRIDE)
+# * RECENT_STRIDE from the cache as it lies and those from b(P) to P gathered in a block of RECENT_WINDOW slots; a call
+# may hold rows at most RECENT_DEPTH positions past its cache (a longer chain, a prefill, runs in pieces)
+RECENT_STRIDE, RECENT_DEPTH = 8, 16
+RECENT_WINDOW = RECENT_STRIDE + RECENT_DEPTH
+RECENT_INPUTS = ("recent_cache_slot", "recent_new_row", "recent_is_new", "recent_mask")
 # the cache goes in padded with masked-out keys to a multiple of this many tokens: OpenVINO's CPU plugin prepares every
 # node again for an input shape it has not just run, 5-9 ms of a 27 ms one-row SmolLM2 call at a new context length
 # against the same length again, where a context padded to 256 with its last keys masked ran as fast as the same
@@ -118,7 +135,7 @@ def check_run(dtype: str, weights: str, config=None) -> None:
 def group_problem(config, weights: str) -> str | None:
     """Why NNCF cannot compress this model's linears to `weights` (int4_g<group>: the group must divide every
     linear's input width), None when it can or the config is unknown."""
-    if config is None or not weights.startswith(("int4_g", "w4a8_g")):
+    if config is None or not weights.startswith(("int4_g", "w4a8_g", "w4a8r_g")):
         return None
     group = int(weights.rpartition("_g")[2])
     widths = linear_input_widths(config)
@@ -174,17 +191,19 @@ class _Traced(nn.Module):
     stacked: 2 x layers, batch, heads, tokens, head dim) and the hidden states and new rows come out stacked the same
     way: OpenVINO pays per input and output of a dynamic shape on every call (60 cache inputs and 91 outputs took 10 ms
     of a 39 ms SmolLM2 step beyond its kernels). The model runs with ATTENTION (split_attention): its own cache holds
-    only the new rows, and the cached ones reach the attention as `cached_kv`."""
+    only the new rows, and the cached ones reach the attention as `cached_kv` (recent_attention's window inputs as
+    `recent`)."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, inputs_embeds, attention_mask, position_ids, past):
+    def forward(self, inputs_embeds, attention_mask, position_ids, past, *recent):
         layers = past.unbind(0)
         cache = flat_cache(self.model.config, [t[:, :, :0] for t in layers])
         out = self.model(inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids,
-                         past_key_values=cache, use_cache=True, output_hidden_states=True, cached_kv=layers)
+                         past_key_values=cache, use_cache=True, output_hidden_states=True, cached_kv=layers,
+                         recent=recent)
         new = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
         return out.logits, torch.stack(out.hidden_states), torch.stack(new)
 
@@ -210,19 +229,57 @@ def split_attention(module, query, key, value, attention_mask, scaling=None, dro
     return out.reshape(batch, heads, n, dim).transpose(1, 2).contiguous(), None
 
 
-def _export(model: nn.Module, weights: str, folder: Path) -> None:
+def recent_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, cached_kv=(), recent=(),
+                     **_):
+    """Attention whose sums run in an order fixed by the query row's position (w4a8r, ROW_INVARIANT_MIN_ROWS): a row at
+    position P reads the cached keys below b(P) where they lie (`attention_mask`, batch 1, 1, n, cached slots: the
+    host masks the slots from b(P) on) and the keys from b(P) to P in a block of its own, slot P' - b(P) holding
+    position P' whether that key is cached or a new row of the call (`recent`: per row and slot, the cache slot, the
+    new row, which of the two, and whether it is seen). Plain decoding and a tree verify thus add the same numbers in
+    the same places for the same row. query (batch, heads, n, dim), key and value the new rows only."""
+    cached_k, cached_v = cached_kv[2 * module.layer_idx], cached_kv[2 * module.layer_idx + 1]
+    slot, row, is_new, seen = recent
+    batch, heads, n, dim = query.shape
+    scaling = dim ** -0.5 if scaling is None else scaling
+    kv_heads, width, window = key.shape[1], cached_k.shape[2], slot.shape[1]
+    groups = heads // kv_heads
+
+    def block(cached, new):  # (batch, kv heads, n, window, dim): each row's recent keys or values
+        from_cache = torch.index_select(cached, 2, slot.reshape(-1)).reshape(batch, kv_heads, n, window, dim)
+        from_new = torch.index_select(new, 2, row.reshape(-1)).reshape(batch, kv_heads, n, window, dim)
+        return torch.where(is_new[None, None, :, :, None], from_new, from_cache)
+
+    recent_k, recent_v = block(cached_k, key), block(cached_v, value)
+    q = query.reshape(batch, kv_heads, groups * n, dim)  # query head h reads key head h // groups, as repeat_kv
+    cached_scores = (q @ cached_k.transpose(-1, -2)).reshape(batch, kv_heads, groups, n, width)
+    per_row = query.reshape(batch, kv_heads, groups, n, dim).transpose(2, 3)  # (batch, kv heads, n, groups, dim)
+    recent_scores = (per_row @ recent_k.transpose(-1, -2)).transpose(2, 3)
+    scores = torch.cat([cached_scores, recent_scores], -1) * scaling
+    mask = torch.cat([attention_mask.to(torch.bool)[:, :, None].expand(batch, kv_heads, groups, n, width),
+                      seen[None, None, None].expand(batch, kv_heads, groups, n, window)], -1)
+    probs = torch.where(mask, scores, torch.finfo(scores.dtype).min).softmax(-1)
+    out = probs[..., :width].reshape(batch, kv_heads, groups * n, width) @ cached_v
+    out = out + (probs[..., width:].transpose(2, 3) @ recent_v).transpose(2, 3).reshape(batch, kv_heads, groups * n, dim)
+    return out.reshape(batch, heads, n, dim).transpose(1, 2).contiguous(), None
+
+
+def _export(model: nn.Module, weights: str, folder: Path, layout: str = ATTENTION) -> None:
     import openvino as ov
 
     config = model.config
     kv_heads, layers, width = config.num_key_value_heads, config.num_hidden_layers, head_dim(config)
     n, past = 3, 2
-    mask = torch.ones(n, past + n, dtype=torch.bool).tril(past)[None, None]
+    row_invariant = layout == ROW_INVARIANT_ATTENTION
+    mask = torch.ones(n, past + (0 if row_invariant else n), dtype=torch.bool).tril(past)[None, None]
     example = (torch.zeros(1, n, config.hidden_size), mask, torch.arange(past, past + n)[None],
                torch.zeros(2 * layers, 1, kv_heads, past, width))
-    AttentionInterface.register(ATTENTION, split_attention)
-    AttentionMaskInterface.register(ATTENTION, sdpa_mask)  # a 4D mask goes through as given; sdpa's for any other
+    if row_invariant:  # the window's inputs: slot, row, which, seen (any values of their types trace the graph)
+        index, flags = torch.zeros(n, 4, dtype=torch.long), torch.ones(n, 4, dtype=torch.bool)
+        example += (index, index, flags, flags)
+    AttentionInterface.register(layout, recent_attention if row_invariant else split_attention)
+    AttentionMaskInterface.register(layout, sdpa_mask)  # a 4D mask goes through as given; sdpa's for any other
     attention = model.config._attn_implementation
-    model.config._attn_implementation = ATTENTION
+    model.config._attn_implementation = layout
     try:  # the trace's warnings are about code paths of the model it specialises, nothing a user acts on
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -233,8 +290,9 @@ def _export(model: nn.Module, weights: str, folder: Path) -> None:
                              f"{lines[-1][:200] if lines else type(exc).__name__}") from exc
     finally:
         model.config._attn_implementation = attention
-    names = ["inputs_embeds", "attention_mask", "position_ids", "past"]
-    shapes = [[-1, -1, config.hidden_size], [-1, 1, -1, -1], [-1, -1], [2 * layers, -1, kv_heads, -1, width]]
+    names = ["inputs_embeds", "attention_mask", "position_ids", "past", *(RECENT_INPUTS if row_invariant else ())]
+    shapes = [[-1, -1, config.hidden_size], [-1, 1, -1, -1], [-1, -1], [2 * layers, -1, kv_heads, -1, width],
+              *([[-1, -1]] * len(RECENT_INPUTS) if row_invariant else [])]
     for port, name, shape in zip(ir.inputs, names, shapes):
         port.get_tensor().set_names({name})
         port.get_node().set_partial_shape(ov.PartialShape(shape))
@@ -254,8 +312,9 @@ class OpenVinoForward(nn.Module):
     DynamicCache), run by a compiled OpenVINO IR (module docstring). The embedding stays a PyTorch module, so
     `get_input_embeddings`, `parameters()` and the memory accounting see it."""
 
-    def __init__(self, model: nn.Module, compiled, static: dict | None = None) -> None:
+    def __init__(self, model: nn.Module, compiled, static: dict | None = None, row_invariant: bool = False) -> None:
         super().__init__()
+        self.row_invariant = row_invariant  # the IR traces recent_attention; every call runs >= 2 rows (w4a8r)
         self.embed = model.get_input_embeddings()
         self.config, self.generation_config = model.config, model.generation_config
         self.request = compiled.create_infer_request()
@@ -293,9 +352,13 @@ class OpenVinoForward(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(past, past + n)[None].expand(batch, n)
         mask = _mask(attention_mask, batch, n, past)
+        if self.row_invariant and (batch != 1 or int(position_ids.max()) - past > RECENT_DEPTH):
+            return self._in_pieces(embeds, mask, position_ids, cache, output_hidden_states)
         shape = self._static_shape(batch, n, past)
         if shape:
             request, (rows, padded) = self.static[shape], shape
+        elif self.row_invariant:  # recent_attention gathers from a cache of at least one slot
+            request, rows, padded = self.request, max(n, ROW_INVARIANT_MIN_ROWS), max(-(-past // BUCKET), 1) * BUCKET
         else:
             request, rows, padded = self.request, n, -(-past // BUCKET) * BUCKET
         if rows > n:  # padding rows: zero embeddings, each seeing only itself, outputs dropped
@@ -305,7 +368,11 @@ class OpenVinoForward(nn.Module):
                               torch.cat([mask.new_zeros(batch, 1, rows - n, past),
                                          torch.eye(rows, dtype=torch.bool)[n:].expand(batch, 1, rows - n, rows)], 3)],
                              2)
-        mask = _padded(mask, past, padded)
+        if self.row_invariant:  # input port -> value
+            cached, *window = _window(mask, position_ids, past, padded)
+            values = {0: embeds, 1: cached, 2: position_ids, **dict(enumerate(window, start=4))}
+        else:
+            values = {0: embeds, 1: _padded(mask, past, padded), 2: position_ids}
         layers_kv, kv_heads, _, width = self.empty_cache
         # every input is written straight into the request's own tensors, the cache from its layers in one copy: shared
         # instead (share_inputs=True, or tensors made with shared_memory) the cache's arrays made OpenVINO's CPU
@@ -315,17 +382,16 @@ class OpenVinoForward(nn.Module):
             ports, layer_ports = self._ports[shape], self._layer_ports[shape]
             self._own(shape, cache)
         else:
-            ports = [_input(request, port, tuple(value.shape))
-                     for port, value in enumerate((embeds, mask, position_ids))]
-            ports.append(_input(request, 3, (layers_kv, batch, kv_heads, padded, width)))
+            ports = {port: _input(request, port, tuple(value.shape)) for port, value in values.items()}
+            ports[3] = _input(request, 3, (layers_kv, batch, kv_heads, padded, width))
             layer_ports = ports[3].unbind(0)
             ports[3][:, :, :, past:].zero_()  # masked out, but finite: a masked key's weight is 0, and 0 * nan is nan
         if past:
             for t, port in zip((t for layer in cache.layers for t in (layer.keys, layer.values)), layer_ports):
                 if not _views(t, port):  # a layer already in this request's memory is not copied again
                     port[:, :, :past] = t
-        for port, value in zip(ports, (embeds, mask, position_ids)):
-            port.copy_(value)
+        for port, value in values.items():
+            ports[port].copy_(value)
         request.infer()
         logits, hidden, new = (torch.from_numpy(request.get_output_tensor(i).data) for i in range(3))
         if shape and past and past + n <= padded:
@@ -344,6 +410,24 @@ class OpenVinoForward(nn.Module):
         hidden = hidden[:, :, :n].clone().unbind(0) if output_hidden_states else None
         return CausalLMOutputWithPast(logits=logits[:, :n].clone(), past_key_values=cache, hidden_states=hidden)
 
+    def _in_pieces(self, embeds, mask, position_ids, cache: DynamicCache, output_hidden_states: bool):
+        """A row-invariant call too deep for recent_attention's window (a prefill, a long chain) as consecutive pieces
+        of RECENT_DEPTH rows, each seeing the pieces before it as cached; only a causal chain of batch 1 can be cut so."""
+        batch, n = embeds.shape[:2]
+        past = cache.get_seq_length()
+        chain = torch.arange(past, past + n)[None]
+        if batch != 1 or not torch.equal(position_ids, chain) or not torch.equal(mask, _mask(None, 1, n, past)):
+            raise SpecbenchError(f"model.weights={ROW_INVARIANT_FORMAT}: a call of batch {batch} with rows up to "
+                                 f"{int(position_ids.max()) - past} positions past its cache cannot run row-invariant; "
+                                 f"it runs batch 1 with trees at most {RECENT_DEPTH} deep (a longer causal chain, "
+                                 f"such as a prefill, is run in pieces)")
+        outs = [self.forward(inputs_embeds=embeds[:, i:i + RECENT_DEPTH], past_key_values=cache,
+                             output_hidden_states=output_hidden_states) for i in range(0, n, RECENT_DEPTH)]
+        hidden = tuple(torch.cat(layer, 1) for layer in zip(*(o.hidden_states for o in outs))) \
+            if output_hidden_states else None
+        return CausalLMOutputWithPast(logits=torch.cat([o.logits for o in outs], 1), past_key_values=cache,
+                                      hidden_states=hidden)
+
     def _own(self, shape: tuple[int, int], cache: DynamicCache) -> None:
         """`cache` is about to write the static request `shape`'s cache memory: another cache whose layers are views of
         it (a generation before, still referenced) gets copies of them first, so it never sees this cache's rows."""
@@ -361,6 +445,24 @@ class OpenVinoForward(nn.Module):
             return None
         fits = [shape for shape in self.static if n <= shape[0] and past <= shape[1]]
         return min(fits) if fits else None
+
+
+def _window(mask: torch.Tensor, position_ids: torch.Tensor, past: int, padded: int) -> tuple[torch.Tensor, ...]:
+    """recent_attention's inputs for a batch-1 call: the mask over the cache slots below each row's b(P), and per row
+    and window slot (position b(P) + slot) the cache slot, the new row, whether the key is a new row's and whether the
+    row sees it. `mask` is (1, 1, rows, past + rows), keys cached at slot = position (a committed cache)."""
+    seen, positions = mask[0, 0], position_ids[0]
+    rows = seen.shape[0]
+    start = (positions - RECENT_DEPTH).clamp(min=0) // RECENT_STRIDE * RECENT_STRIDE
+    cached = torch.zeros(rows, padded, dtype=torch.bool)
+    cached[:, :past] = seen[:, :past] & (torch.arange(past) < start[:, None])
+    window = start[:, None] + torch.arange(RECENT_WINDOW)
+    is_new = window >= past
+    match = seen[:, None, past:] & (positions[None, None] == window[..., None])  # row, slot, new row
+    slot = torch.where(is_new, 0, window)
+    seen_cached = seen[:, :past].gather(1, slot.clamp(max=past - 1)) if past else torch.zeros_like(is_new)
+    return (cached[None, None], slot, match.to(torch.uint8).argmax(-1), is_new,
+            torch.where(is_new, match.any(-1), seen_cached))
 
 
 def _views(t: torch.Tensor, base: torch.Tensor) -> bool:
@@ -448,23 +550,28 @@ def with_openvino(target: LoadedModel, weights: str) -> LoadedModel:
                              f"weights {target.weights} on backend {target.backend}: give it the eager float model "
                              f"(Execution('openvino', 'float32', '{weights}').apply does)")
     fp32 = with_dtype(target, "float32")
-    stored = weights.replace("w4a8_g", "int4_g")  # w4a8 compiles the int4 IR with activations quantised on the fly
+    head, _, group = weights.partition("_g")
+    # w4a8 and w4a8r compile the int4 IR (w4a8r's traces recent_attention) with activations quantised on the fly
+    stored = f"int4_g{group}" if head in ("w4a8", "w4a8r") else weights
+    row_invariant = head == "w4a8r"
     properties = PROPERTIES | ({"DYNAMIC_QUANTIZATION_GROUP_SIZE": DYNAMIC_GROUP} if stored != weights else {})
-    folder = ir_folder(fp32, f"forward-{stored}", ATTENTION)
+    layout = ROW_INVARIANT_ATTENTION if row_invariant else ATTENTION
+    folder = ir_folder(fp32, f"forward-{stored}", layout)
     if not (folder / "openvino_model.xml").exists():
-        print(f"notice: exporting {target.name} to an OpenVINO IR ({stored}) once, into {folder}")
-        _export(fp32.model, stored, folder)
+        print(f"notice: exporting {target.name} to an OpenVINO IR ({stored}, {layout}) once, into {folder}")
+        _export(fp32.model, stored, folder, layout)
     xml = str(folder / "openvino_model.xml")
-    forward = OpenVinoForward(fp32.model, _compiled(xml, properties), _static(xml, properties))
+    rows = tuple(max(r, ROW_INVARIANT_MIN_ROWS) for r in STATIC_ROWS) if row_invariant else STATIC_ROWS
+    forward = OpenVinoForward(fp32.model, _compiled(xml, properties), _static(xml, properties, rows), row_invariant)
     return dataclasses.replace(target, model=forward, backend="openvino", weights=weights)
 
 
-def _static(xml: str, properties: dict) -> dict:
-    """(rows, context) -> the IR compiled for that static shape, in STATIC_CONTEXTS x STATIC_ROWS order while the next
-    one's resident cost (the largest seen so far) fits in what STATIC_MEMORY of the available memory leaves."""
+def _static(xml: str, properties: dict, static_rows: tuple[int, ...] = STATIC_ROWS) -> dict:
+    """(rows, context) -> the IR compiled for that static shape, in STATIC_CONTEXTS x `static_rows` order while the
+    next one's resident cost (the largest seen so far) fits in what STATIC_MEMORY of the available memory leaves."""
     budget, compiled, cost = STATIC_MEMORY * (_available_bytes() or math.inf), {}, 0
     start, resident = time.perf_counter(), _resident_bytes()
-    for shape in ((rows, context) for context in STATIC_CONTEXTS for rows in STATIC_ROWS):
+    for shape in ((rows, context) for context in STATIC_CONTEXTS for rows in static_rows):
         if cost > budget:
             break
         before = _resident_bytes()
@@ -472,7 +579,7 @@ def _static(xml: str, properties: dict) -> dict:
         grown = _resident_bytes() - before
         budget, cost = budget - grown, max(cost, grown)
     log.info("openvino: %d of %d static shapes (rows, cached tokens) compiled in %.1f s, %d MiB resident: %s; other "
-             "calls run the dynamic-shape model", len(compiled), len(STATIC_ROWS) * len(STATIC_CONTEXTS),
+             "calls run the dynamic-shape model", len(compiled), len(static_rows) * len(STATIC_CONTEXTS),
              time.perf_counter() - start, (_resident_bytes() - resident) // 2**20, sorted(compiled))
     return compiled
 
@@ -507,7 +614,9 @@ def _reshaped(xml: str, rows: int, context: int):
 
     model = ov.Core().read_model(xml)
     past, hidden = (model.input(name).get_partial_shape() for name in ("past", "inputs_embeds"))
-    model.reshape({"inputs_embeds": [1, rows, hidden[2].get_length()], "attention_mask": [1, 1, rows, context + rows],
-                   "position_ids": [1, rows],
-                   "past": [past[0].get_length(), 1, past[2].get_length(), context, past[4].get_length()]})
+    row_invariant = any(RECENT_INPUTS[0] in port.get_names() for port in model.inputs)
+    shapes = {"inputs_embeds": [1, rows, hidden[2].get_length()],
+              "attention_mask": [1, 1, rows, context + (0 if row_invariant else rows)], "position_ids": [1, rows],
+              "past": [past[0].get_length(), 1, past[2].get_length(), context, past[4].get_length()]}
+    model.reshape(shapes | ({name: [rows, RECENT_WINDOW] for name in RECENT_INPUTS} if row_invariant else {}))
     return model

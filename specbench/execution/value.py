@@ -30,7 +30,7 @@ class Execution(NamedTuple):
     @classmethod
     def parse(cls, text: str, group_size: int = 32) -> Execution:
         """An eval.plain_executions entry: backend/dtype or backend/dtype/weights (weights fp, int8, w8a8, int4 with
-        model.group_size, or int4_g<group>; w4a8 on openvino only)."""
+        model.group_size, or int4_g<group>; w4a8 and w4a8r on openvino only)."""
         parts = str(text).split("/")
         ok = len(parts) in (2, 3) and parts[0] in BACKENDS and parts[1] in DTYPES
         if ok and len(parts) == 3:

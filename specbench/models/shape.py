@@ -24,14 +24,14 @@ def bytes_per(dtype: str) -> float:
 
 
 def _int4_group(dtype: str) -> int | None:
-    head, _, group = dtype.partition("_g")  # w4a8_g<N>: the same int4 weights, activations quantised on the fly
-    return int(group) if head in ("int4", "w4a8") and group.isdigit() and int(group) > 0 else None
+    head, _, group = dtype.partition("_g")  # w4a8(r)_g<N>: the same int4 weights, activations quantised on the fly
+    return int(group) if head in ("int4", "w4a8", "w4a8r") and group.isdigit() and int(group) > 0 else None
 
 
 def check_dtype(dtype: str, where: str) -> None:
     if dtype not in BYTES_PER and _int4_group(dtype) is None:
         raise SpecbenchError(f"{where}: dtype '{dtype}' is unknown; valid: {', '.join(BYTES_PER)}, int4_g<group size>, "
-                             f"w4a8_g<group size>")
+                             f"w4a8_g<group size>, w4a8r_g<group size>")
 
 
 @dataclass(frozen=True)
