@@ -36,7 +36,8 @@ from specbench.execution.backends import OPENVINO, check_backend, check_profile_
 from specbench.execution.value import Execution
 from specbench.execution.openvino import check_run as check_openvino
 from specbench.models.loading import LoadedModel, layer_count, read_config
-from specbench.execution.quantize import FORMATS, check_backend_weights, check_weights, format_name
+from specbench.execution.quantize import (FORMATS, GROUPED, backend_problem, check_backend_weights, check_weights,
+                                          format_name, split_format)
 from specbench.models.shape import ModelShape
 from specbench.sampling import SamplingParams
 from specbench.trees.hardware_aware import HardwareAwarePolicy
@@ -156,8 +157,11 @@ def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Pat
             return target
         return Execution(b, d, w).apply(loaded) if b == OPENVINO else with_backend(cast_to(d, w), b)
 
-    # engines run on the eager model in the fastest plain decoding's dtype and weights
-    engines = build_engines(cfg, req.engines, cast_to(fast_d, fast_w), loaded)
+    # engines run on the eager model in the fastest plain decoding's dtype and weights; OpenVINO's own w4a8 formats
+    # have no eager form, so theirs is the int4 one they quantise on the fly
+    head, group = split_format(fast_w)
+    eager_w = format_name("int4", group) if backend_problem(fast_w, "eager") and head in GROUPED else fast_w
+    engines = build_engines(cfg, req.engines, cast_to(fast_d, eager_w), loaded) if req.engines else []
     per_method |= {b.entry.label: b.settings() for b in engines}
     shared = shared_settings(cfg, execution.dtype, execution.backend, execution.weights, attention_tag(loaded))
     check_and_save_settings(out, shared, per_method)
