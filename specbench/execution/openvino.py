@@ -18,8 +18,10 @@ copy compiled for a static shape, its rows and cache padded up to it (STATIC_ROW
 weights; `int8` and `int4_g<group>` are compressed by NNCF (int8 symmetric per output channel; int4 asymmetric in
 groups, NNCF's grid with an integer zero point, which is not aten's grid of execution/quantize.py: an openvino int4
 target is a target of its own); `w4a8_g<group>` is that int4 IR run with its activations quantised on the fly
-(PROPERTIES says why apart). The IR is cached under the specbench cache, keyed by the model, the versions that shape it
-and the attention it traces; OpenVINO's compiled blobs too.
+(PROPERTIES says why apart), and `w4a8r_g<group>` runs it row-invariant, a lossless verify target: every call of two
+rows or more and an attention whose sums run in an order fixed by each row's position (recent_attention), so a tree
+verify computes every row as plain decoding does, bitwise. The IR is cached under the specbench cache, keyed by the
+model, the versions that shape it and the attention it traces; OpenVINO's compiled blobs too.
 """
 
 from __future__ import annotations
