@@ -327,6 +327,19 @@ def test_weights_auto_never_verifies_on_w4a8_though_its_plain_decoding_is_the_fa
         plan("float32", "openvino", profile, 8, 256, "auto", ["w4a8_g64"])
 
 
+def test_a_run_chooses_among_the_executions_it_asked_the_profile_for_not_what_other_runs_measured():
+    """A cached profile holds every run's measurements: an openvino one from a run in another environment, faster
+    here, is not chosen by a run whose backends are eager (a fresh clone without OpenVINO failed on it)."""
+    frame = hand_made_profile(fast_small="float32", fast_large="float32").latency
+    profile = MachineProfile(machine_info(), "cpu", "tiny_random", hand_made_profile("float32", "float32").peaks,
+                             pd.concat([frame, frame.assign(backend="openvino", ms=frame["ms"] * 0.3)],
+                                       ignore_index=True))
+    assert plan("float32", "auto", profile, 8, 256, "fp").backend == "openvino"
+    asked = profile.only(backends=["eager"], dtypes=None, weights=["fp"])
+    assert {e.backend for e in asked.executions} == {"eager"}
+    assert plan("float32", "auto", asked, 8, 256, "fp").backend == "eager"
+
+
 def test_tau_and_per_depth_acceptance_from_hand_made_records():
     """Two steps of an unbalanced tree: step 1 accepts 2 drafts and its depth-2 node is a leaf (nothing tried at
     depth 3 although the tree reaches depth 4); step 2 accepts 1 draft and its node's children were tried. The steps

@@ -118,7 +118,7 @@ def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Pat
     weights, formats = run_weights(cfg)
     machine = load_or_measure_profile(loaded, dtypes=dtypes, sizes=profile_sizes(cfg, req.trees),
                                       contexts=profile_contexts(cfg), backends=backends,
-                                      weights=formats) if wants_profile else None
+                                      weights=formats).only(backends, dtypes, formats) if wants_profile else None
     context = cfg.eval.profile_context + cfg.eval.max_new_tokens / 2
     execution = plan(cfg.eval.dtype, backend, machine, float(np.mean([t.budget for t in req.trees])), context,
                      weights, formats)

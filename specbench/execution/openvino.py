@@ -72,12 +72,12 @@ PROPERTIES = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32", 
 DYNAMIC_GROUP = 32
 # w4a8r_g<group>: the same int4 IR and dynamic quantisation, run so that a row's logits are the same whatever else its
 # call holds, so a tree verify on it is its own plain decoding. Two things moved a row before, both measured on
-# SmolLM2 (/work/notes/stop48): the CPU plugin quantises a one-row call by another kernel than a call of several rows
-# (1.29 logits apart; rows of 2 to 16-row calls agree bitwise), and the float32 sums of attention run in another
-# order when an ancestor's key is a new row of the call than when it is cached (~1e-6, which a rounding to int8 of the
-# next projection's input turns into up to 1.1 logits: 5 of 6 SSSD answers changed). So every call runs at least
-# ROW_INVARIANT_MIN_ROWS rows, and the export traces recent_attention, whose key layout depends on the query row's
-# position alone. The cost: 21.9 against 18.0 ms a two-row call (17.0 for one row of w4a8).
+# SmolLM2 (experiments/openvino_row_invariant/README.md): the CPU plugin quantises a one-row call by another kernel
+# than a call of several rows (1.29 logits apart; rows of 2 to 16-row calls agree bitwise), and the float32 sums of
+# attention run in another order when an ancestor's key is a new row of the call than when it is cached (~1e-6, which
+# a rounding to int8 of the next projection's input turns into up to 1.1 logits: 5 of 6 SSSD answers changed). So
+# every call runs at least ROW_INVARIANT_MIN_ROWS rows, and the export traces recent_attention, whose key layout
+# depends on the query row's position alone. The cost: a plain step of 23.8 against w4a8's 17.7 ms there.
 ROW_INVARIANT_MIN_ROWS = 2
 ROW_INVARIANT_FORMAT = "w4a8r_g<group>"
 ROW_INVARIANT_ATTENTION = "specbench_recent_v1"

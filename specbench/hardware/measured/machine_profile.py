@@ -272,6 +272,16 @@ class MachineProfile:
         return [Execution(*e) for e in
                 dict.fromkeys(zip(self.latency["backend"], self.latency["dtype"], self.latency["weights"]))]
 
+    def only(self, backends=None, dtypes=None, weights=None) -> MachineProfile:
+        """This profile restricted to the executions of these backends, dtypes and weights (None: any). A cached
+        profile also holds what other runs measured, such as a backend this environment has not installed: a run
+        chooses among what it asked for."""
+        keep = pd.Series(True, index=self.latency.index)
+        for column, values in (("backend", backends), ("dtype", dtypes), ("weights", weights)):
+            if values is not None:
+                keep &= self.latency[column].isin(list(values))
+        return dataclasses.replace(self, latency=self.latency[keep].reset_index(drop=True))
+
     def latency_ms(self, dtype: str, n: float, context: float, backend: str = "eager", weights: str = "fp") -> float:
         """L(n, context) in ms: bilinear between measured points, the smallest measured value below the range, and
         linear above it with slopes >= 0. Measurement noise can make a bigger tree or a longer context read cheaper;
