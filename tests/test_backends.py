@@ -497,6 +497,8 @@ def test_w4a8_anywhere_but_openvino_is_one_line_before_the_model_loads(override,
 @pytest.mark.parametrize("override, message", [
     ("eval.dtype=bfloat16", "model.backend=openvino with eval.dtype=bfloat16: the openvino backend runs float32"),
     ("model.weights=w8a8", "model.backend=openvino with model.weights=w8a8: .*not w8a8"),
+    ("model.weights=w4a8r eval.batch_size=2",
+     "model.weights=w4a8r_g32 with eval.batch_size=2: .*one prompt at a time; set eval.batch_size=1"),
 ])
 def test_openvino_settings_it_cannot_run_are_one_line_before_the_model_loads(override, message, tmp_path,
                                                                              monkeypatch):
@@ -506,7 +508,7 @@ def test_openvino_settings_it_cannot_run_are_one_line_before_the_model_loads(ove
     monkeypatch.setattr(eval_task, "setup_target", lambda *a, **k: pytest.fail("the model was loaded"))
     if NO_OPENVINO:
         message = "OpenVINO is not installed"
-    cfg = compose_cfg(["model=tiny_random", "model.backend=openvino", "eval.dtype=float32", override],
+    cfg = compose_cfg(["model=tiny_random", "model.backend=openvino", "eval.dtype=float32", *override.split()],
                       tmp_path / "run")
     with pytest.raises(SpecbenchError, match=message):
         eval_task.run(cfg)

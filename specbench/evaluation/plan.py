@@ -34,10 +34,9 @@ from specbench.hardware.modelled.spec import MEASURED, HardwareSpec
 from specbench.execution.attention import attention_tag
 from specbench.execution.backends import OPENVINO, check_backend, check_profile_backends, with_backend
 from specbench.execution.value import Execution
-from specbench.execution.openvino import check_run as check_openvino
+from specbench.execution.openvino import OWN_FORMATS, check_run as check_openvino
 from specbench.models.loading import LoadedModel, layer_count, read_config
-from specbench.execution.quantize import (FORMATS, GROUPED, backend_problem, check_backend_weights, check_weights,
-                                          format_name, split_format)
+from specbench.execution.quantize import FORMATS, check_backend_weights, check_weights, format_name, split_format
 from specbench.models.shape import ModelShape
 from specbench.sampling import SamplingParams
 from specbench.trees.hardware_aware import HardwareAwarePolicy
@@ -88,7 +87,7 @@ def request(cfg, overrides: list[str] | None = None) -> Request:
     if cfg.model.backend == OPENVINO:  # what the exporter cannot do, said before the model loads
         path = cfg.model.get("path")
         config = read_config(str(cfg.model.get("name", "model")), path) if isinstance(path, str) else None
-        check_openvino(cfg.eval.dtype, weights, config)
+        check_openvino(cfg.eval.dtype, weights, config, cfg.eval.batch_size)
     for text in cfg.eval.get("plain_executions") or []:
         Execution.parse(text, cfg.model.get("group_size", 32))
     sampling = SamplingParams(**cfg.sampling)
@@ -160,7 +159,7 @@ def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Pat
     # engines run on the eager model in the fastest plain decoding's dtype and weights; OpenVINO's own w4a8 formats
     # have no eager form, so theirs is the int4 one they quantise on the fly
     head, group = split_format(fast_w)
-    eager_w = format_name("int4", group) if backend_problem(fast_w, "eager") and head in GROUPED else fast_w
+    eager_w = format_name("int4", group) if head in OWN_FORMATS else fast_w
     engines = build_engines(cfg, req.engines, cast_to(fast_d, eager_w), loaded) if req.engines else []
     per_method |= {b.entry.label: b.settings() for b in engines}
     shared = shared_settings(cfg, execution.dtype, execution.backend, execution.weights, attention_tag(loaded))

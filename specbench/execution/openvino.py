@@ -80,6 +80,8 @@ DYNAMIC_GROUP = 32
 # depends on the query row's position alone. The cost: a plain step of 23.8 against w4a8's 17.7 ms there.
 ROW_INVARIANT_MIN_ROWS = 2
 ROW_INVARIANT_FORMAT = "w4a8r_g<group>"
+# the formats that are OpenVINO's own (its dynamic quantisation of activations), each compiling the int4 IR
+OWN_FORMATS = ("w4a8", "w4a8r")
 ROW_INVARIANT_ATTENTION = "specbench_recent_v1"
 # recent_attention's window: a row at position P reads the keys below b(P) = floor((P - RECENT_DEPTH) / RECENT_STRIDE)
 # * RECENT_STRIDE from the cache as it lies and those from b(P) to P gathered in a block of RECENT_WINDOW slots; a call
@@ -123,21 +125,24 @@ def unsupported(dtype: torch.dtype, device: torch.device, weights: str = "fp") -
     return None
 
 
-def check_run(dtype: str, weights: str, config=None) -> None:
+def check_run(dtype: str, weights: str, config=None, batch_size: int = 1) -> None:
     """model.backend=openvino's settings, before any model loads: installed, float32 (or auto) activations, weights
-    NNCF compresses, an int4 group dividing the model's widths when its config is known."""
+    NNCF compresses, an int4 group dividing the model's widths when its config is known, batch 1 for w4a8r."""
     reason = unsupported(torch.float32, torch.device("cpu"), weights) or group_problem(config, weights)
     if reason:
         raise SpecbenchError(f"model.backend=openvino with model.weights={weights}: {reason}")
     if dtype not in ("float32", "auto"):
         raise SpecbenchError(f"model.backend=openvino with eval.dtype={dtype}: the openvino backend runs float32 "
                              f"activations; set eval.dtype=float32")
+    if weights.partition("_g")[0] == "w4a8r" and batch_size != 1:
+        raise SpecbenchError(f"model.weights={weights} with eval.batch_size={batch_size}: the row-invariant route "
+                             f"decodes one prompt at a time; set eval.batch_size=1 (or model.weights=int4)")
 
 
 def group_problem(config, weights: str) -> str | None:
     """Why NNCF cannot compress this model's linears to `weights` (int4_g<group>: the group must divide every
     linear's input width), None when it can or the config is unknown."""
-    if config is None or not weights.startswith(("int4_g", "w4a8_g", "w4a8r_g")):
+    if config is None or weights.partition("_g")[0] not in ("int4", *OWN_FORMATS):
         return None
     group = int(weights.rpartition("_g")[2])
     widths = linear_input_widths(config)
@@ -554,7 +559,7 @@ def with_openvino(target: LoadedModel, weights: str) -> LoadedModel:
     fp32 = with_dtype(target, "float32")
     head, _, group = weights.partition("_g")
     # w4a8 and w4a8r compile the int4 IR (w4a8r's traces recent_attention) with activations quantised on the fly
-    stored = f"int4_g{group}" if head in ("w4a8", "w4a8r") else weights
+    stored = f"int4_g{group}" if head in OWN_FORMATS else weights
     row_invariant = head == "w4a8r"
     properties = PROPERTIES | ({"DYNAMIC_QUANTIZATION_GROUP_SIZE": DYNAMIC_GROUP} if stored != weights else {})
     layout = ROW_INVARIANT_ATTENTION if row_invariant else ATTENTION

@@ -38,7 +38,6 @@ FORMATS = ("fp", "int8", "int4", "w8a8", "w4a8", "w4a8r")  # fp: the weights as 
 # same, run row-invariant (every call of two rows or more, attention summed in an order fixed by each row's position),
 # so a verify on it is its own plain decoding
 GROUPED = ("int4", "w4a8", "w4a8r")  # the formats named with their group size: int4_g64, w4a8_g64
-OPENVINO_ONLY = ("w4a8", "w4a8r")  # OpenVINO's dynamic quantisation
 AUTO = "auto"  # model.weights=auto: the machine profile picks the format with the cheapest verify forward
 GROUP_SIZES = (32, 64, 128, 256)  # what _weight_int4pack_mm_for_cpu accepts
 INT4_ROWS = 16  # _convert_weight_to_int4pack_for_cpu packs output channels in blocks of 16
@@ -63,7 +62,7 @@ def plain_only(weights: str) -> bool:
 def backend_problem(weights: str, backend: str) -> str | None:
     """Why `backend` cannot run these weights on any device (w4a8 and w4a8r are OpenVINO's own), None when it can."""
     head = split_format(weights)[0]
-    if head in OPENVINO_ONLY and backend != "openvino":
+    if head in openvino.OWN_FORMATS and backend != "openvino":
         return f"{head} is OpenVINO's dynamic quantisation of activations: it runs on model.backend=openvino only"
     return None
 
