@@ -57,7 +57,13 @@ def log_run(logger, cfg: DictConfig, summary: pd.DataFrame, plots: list[Path], r
             log_artifact(logger, records, "records", "records")
     logger.save()
     if hasattr(logger, "experiment") and hasattr(logger.experiment, "finish"):
+        import wandb
+
         logger.experiment.finish()
+        # finish() only tells wandb-core the run is done (wandb 0.31 publishes inform_finish without waiting); the
+        # service closes the run's .wandb log later, so a sync or copy of the run folder right after could read it
+        # unflushed (a test here read the header alone, once in four CI runs). teardown waits for the service to exit.
+        wandb.teardown()
 
 
 def log_artifact(logger, path: Path, name: str, kind: str) -> None:
