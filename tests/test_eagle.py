@@ -416,3 +416,16 @@ def test_the_head_runs_on_the_runs_backend_and_drafts_as_on_eager(target, artifa
         got, want = decode(target, packed, prompt), decode(target, eager, prompt)
         assert got.tokens == want.tokens == decode(target, AutoregressiveDrafter(), prompt).tokens
         assert got.accept_lengths == want.accept_lengths
+
+
+def test_calibration_probes_eagle_and_records_drafted_steps_only(target, artifacts):
+    """task=calibrate runs EAGLE as decoding does (its prefill hands the head the prompt's features) and scores the
+    drafted steps alone: every step probes each rank at depth 1 once, and the prefill, observed as a step, adds none."""
+    from specbench.evaluation.calibration import calibrate, probe_tree
+
+    drafter = EagleDrafter(target, probe_tree(depth=2, ranks=3), str(artifacts["fused"]))
+    calibration = calibrate(target.model, drafter, [PROMPTS[0]], depth=2, ranks=3, max_new_tokens=20)
+    steps = decode(target, EagleDrafter(target, probe_tree(depth=2, ranks=3), str(artifacts["fused"])), PROMPTS[0],
+                   n=20).steps
+    assert calibration.trials[0] == [len(steps)] * 3
+    assert sum(calibration.hits[0]) > 0

@@ -73,15 +73,23 @@ class RecordingDrafter(Drafter):
     def __init__(self, inner: Drafter, calibration: Calibration) -> None:
         self.inner, self.calibration = inner, calibration
         self.name, self.needs_hidden_states = inner.name, inner.needs_hidden_states
+        self._prompt: TokenTree | None = None
 
     def reset(self, state: DecodeState) -> None:
         self.inner.reset(state)
+
+    def prefill_extras(self, prompt: TokenTree):
+        """The drafter's own (EAGLE's hands it the prompt's features); the prefill it then observes as a step holds
+        the prompt, not a draft, so it is not recorded."""
+        self._prompt = prompt
+        return self.inner.prefill_extras(prompt)
 
     def propose(self, state: DecodeState) -> TokenTree:
         return self.inner.propose(state)
 
     def observe(self, outcome: StepOutcome) -> None:
-        self.calibration.record(outcome.tree, outcome.path, outcome.verify.logits)
+        if outcome.tree is not self._prompt:
+            self.calibration.record(outcome.tree, outcome.path, outcome.verify.logits)
         self.inner.observe(outcome)
 
     def verify_extras(self, tree: TokenTree):
