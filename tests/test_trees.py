@@ -242,6 +242,17 @@ def test_hardware_aware_budget_maximises_expected_tau_per_forward_cost():
     assert len(mid.build(1, FixedDraft())) == mid.budget
 
 
+def test_hardware_aware_names_a_smaller_tree_whose_rate_is_a_near_tie(caplog):
+    acc = [[0.5, 0.1], [0.7, 0.1], [0.75, 0.1]]
+    with caplog.at_level("INFO", logger="specbench.trees.hardware_aware"):
+        flat = HardwareAwarePolicy(budget=8, accept_prob=acc, latency_ms=lambda n: 20.0 + 0.3 * n)
+        steep = HardwareAwarePolicy(budget=8, accept_prob=acc, latency_ms=lambda n: 10.0 * n)
+    first, second = (r.getMessage() for r in caplog.records)
+    near = min(n for n, rate in flat.rates.items() if rate >= 0.95 * flat.rates[flat.budget])
+    assert near < flat.budget and f"n = {near} is within 5% of it" in first
+    assert steep.budget == 2 and "near-tie" not in second
+
+
 def test_hardware_aware_waits_for_a_curve_and_a_calibration():
     unfit = HardwareAwarePolicy(budget=16)
     with pytest.raises(SpecbenchError, match="no latency curve"):

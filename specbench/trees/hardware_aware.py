@@ -20,6 +20,7 @@ log = logging.getLogger(__name__)
 
 
 DraftMs = Callable[[list[list[int]]], float]  # ms one step of drafting a static tree of these paths costs
+NEAR_TIE = 0.05  # rates this close to the best one are named beside it in the log
 
 
 def best_budget(accept_prob: list[list[float]], latency_ms: Callable[[int], float], max_budget: int,
@@ -57,8 +58,14 @@ class HardwareAwarePolicy(GreedyPolicy):
         best, self.rates = best_budget(table, latency_ms, budget, draft_ms)
         GreedyPolicy.__init__(self, best, table)
         self._table = table
-        log.info("hardware-aware tree: n* = %d (tau/(L + drafting) over n = 2..%d; %s)", best, budget,
-                 "drafting as the drafter measured it" if draft_ms else "no drafting cost")
+        # a flat rate curve leaves the choice to small errors of the calibration (EAGLE on an int4 CPU target:
+        # 0.0605 tokens/ms at 2 nodes, 0.0621 at 7, and 7 ran 0.85x where 2 ran 1.08x; experiments/
+        # openvino_row_invariant), so the log names the smallest size within NEAR_TIE of the best
+        near = min(n for n, rate in self.rates.items() if rate >= (1 - NEAR_TIE) * self.rates[best])
+        log.info("hardware-aware tree: n* = %d, %.4f tokens/ms (tau/(L + drafting) over n = 2..%d; %s)%s", best,
+                 self.rates[best], budget, "drafting as the drafter measured it" if draft_ms else "no drafting cost",
+                 f"; n = {near} is within {NEAR_TIE:.0%} of it, a near-tie the calibration decides (tree.budget="
+                 f"{near} caps it there)" if near < best else "")
 
     @property
     def accept_table(self) -> list[list[float]] | None:
