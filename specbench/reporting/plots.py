@@ -228,8 +228,9 @@ def category_figure(records: pd.DataFrame, summary: pd.DataFrame) -> Figure:
         ax.set_yticks(y, methods, fontsize=7)
     for ax in axes.flat[len(categories):]:
         ax.set_visible(False)
-    for ax in axes[-1]:
-        ax.set_xlabel(f"speedup over {fastest} (x)", fontsize=8)
+    for ax in axes[-1]:  # the references once, under the grid: in every bottom panel they ran into each other
+        ax.set_xlabel("speedup (x)", fontsize=8)
+    fig.supxlabel(f"over the fastest plain decoding of the same weights: {fastest}", fontsize=8)
     axes[0, 0].invert_yaxis()
     return _finish(fig, "Speedup per category (tokens/s over the same weights' fastest plain decoding's, τ at each bar)",
                    summary)
