@@ -138,6 +138,12 @@ class CalibrationSchema:  # task=calibrate's +calibration.* options
     out: Optional[str] = setting()
 
 
+@dataclass
+class ReplaySchema:  # task=replay's options
+    run: Optional[str] = setting()
+    reference: str = setting()
+
+
 def validate(cfg: DictConfig) -> None:
     """Check every setting of a composed run config; raise one SpecbenchError for the first bad one."""
     try:
@@ -164,7 +170,7 @@ def _validate(cfg: DictConfig) -> None:
     check_schema("sampling", _resolved(cfg, "sampling"), SamplingParams)
     SamplingParams(**_resolved(cfg, "sampling"))  # its ranges: temperature >= 0 and finite, top_p in (0, 1]
     for group, schema in (("datastore", DatastoreSchema), ("calibration", CalibrationSchema),
-                          ("export", ExportSchema)):
+                          ("export", ExportSchema), ("replay", ReplaySchema)):
         if cfg.get(group) is not None:
             check_schema(group, _resolved(cfg, group), schema)
     if OmegaConf.select(cfg, "method.train") is not None:

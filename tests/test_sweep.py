@@ -33,6 +33,19 @@ def test_sweep_summary_joins_the_jobs_with_their_swept_settings(tmp_path):
     assert (tmp_path / "sweep.png").stat().st_size > 0
 
 
+def test_a_job_whose_overrides_hold_a_path_is_found_in_its_nested_folder(tmp_path):
+    """Hydra names a job's folder by its overrides, so replay.run=runs/a puts it two folders deep."""
+    for job, b in enumerate((4, 8)):
+        folder = tmp_path / f"{job}_replay.run=runs" / f"a,tree.budget={b}"
+        (folder / ".hydra").mkdir(parents=True)
+        (folder / ".hydra" / "overrides.yaml").write_text(f"- replay.run=runs/a\n- tree.budget={b}\n")
+        pd.DataFrame({"method": ["sssd"], "tau": [1.5 + b / 8]}).to_csv(folder / "summary.csv", index=False)
+    saved = sweep_summary(tmp_path)
+    assert saved["tree.budget"].tolist() == ["4", "8"] and saved["tau"].tolist() == [2.0, 2.5]
+    assert saved["job"].tolist() == ["0_replay.run=runs/a,tree.budget=4", "1_replay.run=runs/a,tree.budget=8"]
+    assert not (tmp_path / "sweep.png").exists()  # tau alone: no speedup to plot
+
+
 def test_a_sweep_without_summaries_writes_nothing(tmp_path):
     assert sweep_summary(tmp_path) is None and not (tmp_path / "sweep_summary.csv").exists()
 

@@ -52,6 +52,8 @@ class Drafter(ABC):
     name: str = "drafter"
     tree_policies: tuple[str, ...] = ("native",)
     needs_hidden_states: bool = False  # ask verification for last hidden states (Medusa/PPD draft from them)
+    # proposes from state.tokens alone (no target outputs; observe learns nothing), so task=replay can replay it
+    drafts_from_tokens: bool = False
 
     def reset(self, state: DecodeState) -> None:
         """Called once per prompt after prefill; state.last holds the prefill outputs at the last prompt token."""

@@ -30,6 +30,7 @@ def find_ngram_continuation(tokens: torch.Tensor, max_ngram: int, min_ngram: int
 
 class PromptLookupDrafter(Drafter):
     name = "pld"
+    drafts_from_tokens = True
 
     def __init__(self, target, tree: TreePolicy, max_ngram: int = 3, min_ngram: int = 1) -> None:
         """Copies up to tree.budget - 1 tokens (transformers' num_output_tokens)."""

@@ -55,6 +55,7 @@ class InputIndex:
 class SSSDDrafter(Drafter):
     name = "sssd"
     tree_policies = ("native",)
+    drafts_from_tokens = True
 
     def __init__(self, target, tree: TreePolicy, sources: list[str] = SOURCES, datastore: str | None = None,
                  input_max_prefix: int = 4, datastore_max_prefix: int = 8, min_count: int = 10, samples: int = 100,

@@ -65,6 +65,7 @@ def warmup_documents(path: Path, tokenizer) -> list[list[int]]:
 class SuffixDrafter(Drafter):
     name = "suffix"
     tree_policies = ("native",)
+    drafts_from_tokens = True
 
     def __init__(self, target, tree: TreePolicy, max_depth: int = 24, max_spec_factor: float = 1.0,
                  max_spec_offset: float = 0.0, min_token_prob: float = 0.1, tree_spec: bool = True,

@@ -24,11 +24,16 @@ def sweep_summary(sweep_dir: str | Path) -> pd.DataFrame | None:
     the summary has it already (model, dataset, and method, which is the label there)."""
     sweep_dir = Path(sweep_dir)
     frames, jobs = [], []
-    for summary in sorted(sweep_dir.glob("*/summary.csv"), key=_job_order):
+    # a job's folder is its number and overrides, so an override holding a path (replay.run=experiments/x,
+    # method.checkpoint=artifacts/y) nests it deeper: jobs are found by the .hydra folder Hydra writes into each
+    job_folders = [p.parent.parent for p in sweep_dir.glob("**/.hydra/overrides.yaml") if p.parent.parent != sweep_dir]
+    for summary in sorted((job / "summary.csv" for job in job_folders if (job / "summary.csv").is_file()),
+                          key=lambda path: _job_order(path, sweep_dir)):
         overrides = yaml.safe_load((summary.parent / ".hydra" / "overrides.yaml").read_text()) or []
         settings = dict(o.split("=", 1) for o in overrides if "=" in o and not o.startswith(("hydra.", "experiment=")))
         frame = pd.read_csv(summary)
-        frames.append(frame.assign(job=summary.parent.name, **{k: v for k, v in settings.items() if k not in frame}))
+        name = summary.parent.relative_to(sweep_dir).as_posix()
+        frames.append(frame.assign(job=name, **{k: v for k, v in settings.items() if k not in frame}))
         jobs.append(settings)
     if not frames:
         return None
@@ -37,17 +42,19 @@ def sweep_summary(sweep_dir: str | Path) -> pd.DataFrame | None:
     swept = [k for k in dict.fromkeys(k for job in jobs for k in job)
              if len({job.get(k) for job in jobs}) > 1 and k in table and k != "method"]
     numeric = [k for k in swept if pd.to_numeric(table[k], errors="coerce").notna().all()]
-    if numeric:
+    timed = {"speedup", "throughput_speedup"} & set(table)  # a task=replay sweep has tau alone: its table is the result
+    if numeric and timed:
         from specbench.reporting.plots import save_sweep_plots
 
         save_sweep_plots(table, sweep_dir, numeric[0], [k for k in swept if k != numeric[0]])
     return table
 
 
-def _job_order(summary: Path) -> tuple[int, str]:
+def _job_order(summary: Path, sweep_dir: Path) -> tuple[int, str]:
     """Hydra's job number first (sub-folders are named <num>_<overrides>), so job 10 follows job 9."""
-    num = summary.parent.name.split("_", 1)[0]
-    return (int(num) if num.isdigit() else -1, summary.parent.name)
+    name = summary.parent.relative_to(sweep_dir).as_posix()
+    num = name.split("_", 1)[0]
+    return (int(num) if num.isdigit() else -1, name)
 
 
 class SweepSummary(Callback):
