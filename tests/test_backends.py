@@ -453,14 +453,16 @@ def test_openvino_w4a8_is_the_int4_ir_compiled_with_activations_quantised_on_the
 @pytest.mark.slow
 def test_openvino_w4a8r_verifies_a_tree_bitwise_as_its_own_one_token_forwards_and_speculates_losslessly(tiny):
     """w4a8r_g<group> (dynamic quantisation, row-invariant): each tree node's logits equal, bitwise, those of one-token
-    forwards of the same model along its path, a prefill deeper than the attention's window runs in pieces, and greedy
-    speculation returns its plain decoding."""
+    forwards of the same model along its path after a prefill deeper than the attention's window (run in one call of
+    the split-attention IR, as plain decoding's), a chain that deep after it runs in pieces, and greedy speculation
+    returns its plain decoding."""
     from specbench.execution.value import Execution
 
     run = Execution("openvino", "float32", "w4a8r_g32").apply(tiny)
     model = run.model
     assert model.row_invariant and min(rows for rows, _ in model.static) == 2
-    prompt = torch.arange(10, 50)[None]  # deeper than RECENT_DEPTH: the prefill runs in pieces
+    assert model.prefill is not None and not model.prefill.row_invariant
+    prompt = torch.arange(10, 50)[None]  # deeper than RECENT_DEPTH
     tree = TokenTree(torch.tensor([5, 7, 9, 11, 13]), torch.tensor([-1, 0, 0, 1, 3]))
     with torch.inference_mode():
         cache = DynamicCache()
@@ -472,6 +474,14 @@ def test_openvino_w4a8r_verifies_a_tree_bitwise_as_its_own_one_token_forwards_an
             for token in tree.tokens[tree.path_to(node)]:
                 out = model(input_ids=token.view(1, 1), past_key_values=one, use_cache=True).logits[0, -1]
             assert torch.equal(logits[node], out), node
+        chain = torch.arange(60, 80)[None]  # 20 rows past the cache: in pieces, each row as its one-token forward
+        at_once, one_by_one = DynamicCache(), DynamicCache()
+        for cache in (at_once, one_by_one):
+            model(input_ids=prompt, past_key_values=cache, use_cache=True)
+        pieces = model(input_ids=chain, past_key_values=at_once, use_cache=True).logits[0]
+        for row, token in enumerate(chain[0]):
+            out = model(input_ids=token.view(1, 1), past_key_values=one_by_one, use_cache=True).logits[0, -1]
+            assert torch.equal(pieces[row], out), row
     texts = ["the cat sat on the mat and the cat sat on the hat", "abc abc abc abd abc", "hello world " * 6]
     for text in texts:
         prompt = tiny.tokenizer(text)["input_ids"]

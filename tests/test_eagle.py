@@ -382,7 +382,7 @@ def test_hardware_aware_sizes_the_tree_by_the_target_and_the_drafters_own_cost(t
     want, rates = best_budget(table, lambda n: 10.0, 24, drafter.draft_ms)
     assert drafter.tree.budget == want and drafter.tree.rates == pytest.approx(rates)
     blind, _ = best_budget(table, lambda n: 10.0, 24)
-    assert blind == 24 > want  # without the drafter's cost the whole table looks free
+    assert blind > want  # without the drafter's cost every level looks free
     for prompt in PROMPTS:
         assert decode(target, drafter, prompt).tokens == decode(target, AutoregressiveDrafter(), prompt).tokens
 

@@ -261,7 +261,9 @@ def test_hardware_aware_tree_is_sized_from_the_machine_profile(tmp_path, monkeyp
     expected, _ = best_budget(acc, lambda n: profile.latency_ms("float32", n, 128 + 24 / 2, "eager"), 16)
     records = [json.loads(line) for line in (tmp_path / "run" / "records.jsonl").read_text().splitlines()]
     assert max(max(r["tree_sizes"]) for r in records if r["method"] == "draft_model") == expected
-    assert expected == 6  # below the table's 7 nodes: the 7th node's tau gain no longer pays for its row
+    # below the table's 7 nodes: the 7th node's tau gain no longer pays for its row, and 5 nodes' rate is within 5%
+    # of 6's, the best: a near-tie, which the smaller tree takes
+    assert expected == 5
 
 
 def test_the_headline_is_against_the_same_weights_and_the_fastest_of_any_weights_stands_beside_it():

@@ -230,26 +230,32 @@ def test_task_calibrate_writes_the_json_tree_greedy_reads(tmp_path):
 
 def test_hardware_aware_budget_maximises_expected_tau_per_forward_cost():
     acc = [[0.8, 0.1], [0.6, 0.1], [0.5, 0.1]]
-    flat = HardwareAwarePolicy(budget=8, accept_prob=acc, latency_ms=lambda n: 10.0)  # wider is free: biggest
-    assert flat.budget == 8
+    choices, _ = greedy_choices(acc, 8)
+    flat = HardwareAwarePolicy(budget=8, accept_prob=acc, latency_ms=lambda n: 10.0)  # wider is free
+    # tau(n) grows to 2.81 at 8 nodes; 6 nodes reach 2.70, within 5% of it: a near-tie, which the smaller tree takes
+    assert flat.rates[6] >= 0.95 * flat.rates[8] > flat.rates[5] and flat.budget == 6
     steep = HardwareAwarePolicy(budget=8, accept_prob=acc, latency_ms=lambda n: 10.0 * n)  # each node costs one
     # tau(2)/L(2) = 1.8/20 beats every wider tree (tau(3) = 2.28 over 30, ...): the root plus one node
     assert steep.budget == 2
     mid = HardwareAwarePolicy(budget=8, accept_prob=acc, latency_ms=lambda n: 30.0 + 2.0 * n)
-    choices, _ = greedy_choices(acc, 8)
     by_hand = {n: expected_tau(choices[: n - 1], acc) / (30.0 + 2.0 * n) for n in range(2, 9)}
-    assert mid.budget == max(by_hand, key=by_hand.get) and mid.rates == pytest.approx(by_hand)
+    near = [n for n, rate in by_hand.items() if rate >= 0.95 * max(by_hand.values())]
+    assert mid.budget == min(near) and mid.rates == pytest.approx(by_hand)
     assert len(mid.build(1, FixedDraft())) == mid.budget
 
 
-def test_hardware_aware_names_a_smaller_tree_whose_rate_is_a_near_tie(caplog):
+def test_hardware_aware_gives_a_near_tie_to_the_smaller_tree_and_says_so(caplog):
+    """EAGLE's shape on the w4a8r CPU target (experiments/openvino_row_invariant): a rate flat from 2 to 8 nodes, where
+    the calibration's optimism about deep nodes decides the argmax; the smaller tree takes the tie."""
     acc = [[0.5, 0.1], [0.7, 0.1], [0.75, 0.1]]
     with caplog.at_level("INFO", logger="specbench.trees.hardware_aware"):
         flat = HardwareAwarePolicy(budget=8, accept_prob=acc, latency_ms=lambda n: 20.0 + 0.3 * n)
         steep = HardwareAwarePolicy(budget=8, accept_prob=acc, latency_ms=lambda n: 10.0 * n)
     first, second = (r.getMessage() for r in caplog.records)
-    near = min(n for n, rate in flat.rates.items() if rate >= 0.95 * flat.rates[flat.budget])
-    assert near < flat.budget and f"n = {near} is within 5% of it" in first
+    top = max(flat.rates, key=flat.rates.get)
+    assert flat.budget < top and flat.rates[flat.budget] >= 0.95 * flat.rates[top]
+    assert all(flat.rates[n] < 0.95 * flat.rates[top] for n in range(2, flat.budget))
+    assert f"n* = {flat.budget}," in first and f"at n = {top}, is within 5%: a near-tie" in first
     assert steep.budget == 2 and "near-tie" not in second
 
 

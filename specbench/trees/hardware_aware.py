@@ -6,6 +6,13 @@ one n-token forward: measured on this machine (the machine profile) or the roofl
 D the drafter's own cost of drafting that tree, which a drafter measures and reports (`draft_ms`; a draft head that
 runs once per tree level, as EAGLE's, pays for depth that L(n) does not see). Without one, D = 0.
 This is PPD's hardware-aware tree size, Ghidorah's ARCA width and EAGLE's auto-size, in one place.
+
+Where the rate is nearly flat, n* is the smallest size within NEAR_TIE of the best rate rather than the argmax: the
+calibration's error grows with the tree (each node's probability is a product down its path), and it has erred the
+same way each time we measured it, high for deep nodes (EAGLE's teacher-forced table 0.63 at depth 1 against 0.50
+in decoding; its held-out ShareGPT calibration predicted tau 2.33 at 7 nodes, MT-Bench gave 2.00), so a near-tie is
+a tie the smaller tree, with less drafting, wins in practice (EAGLE on an int4 CPU target: 0.0605 tokens/ms at 2
+nodes, 0.0621 at 7, and 7 ran 0.85x where 2 ran 1.08x; experiments/openvino_row_invariant).
 """
 
 from __future__ import annotations
@@ -20,13 +27,13 @@ log = logging.getLogger(__name__)
 
 
 DraftMs = Callable[[list[list[int]]], float]  # ms one step of drafting a static tree of these paths costs
-NEAR_TIE = 0.05  # rates this close to the best one are named beside it in the log
+NEAR_TIE = 0.05  # a rate this close to the best one is a tie, which the smaller tree takes
 
 
 def best_budget(accept_prob: list[list[float]], latency_ms: Callable[[int], float], max_budget: int,
                 draft_ms: DraftMs | None = None) -> tuple[int, dict[int, float]]:
-    """n* in 2..max_budget (capped by the table's capacity) maximising tau(n) / (L(n) + D(n)), and that rate per n
-    (tokens per ms)."""
+    """n* in 2..max_budget (capped by the table's capacity): the smallest n whose rate tau(n) / (L(n) + D(n)) is
+    within NEAR_TIE of the best, and that rate per n (tokens per ms)."""
     capacity, width = 1, 1
     for row in accept_prob:
         width *= len(row)
@@ -35,7 +42,8 @@ def best_budget(accept_prob: list[list[float]], latency_ms: Callable[[int], floa
     choices, _ = greedy_choices(accept_prob, top)
     rate = {n: expected_tau(choices[: n - 1], accept_prob)
             / (latency_ms(n) + (draft_ms(choices[: n - 1]) if draft_ms else 0.0)) for n in range(2, top + 1)}
-    return max(rate, key=rate.get), rate
+    best = max(rate.values())
+    return min(n for n, r in rate.items() if r >= (1 - NEAR_TIE) * best), rate
 
 
 class HardwareAwarePolicy(GreedyPolicy):
@@ -58,14 +66,11 @@ class HardwareAwarePolicy(GreedyPolicy):
         best, self.rates = best_budget(table, latency_ms, budget, draft_ms)
         GreedyPolicy.__init__(self, best, table)
         self._table = table
-        # a flat rate curve leaves the choice to small errors of the calibration (EAGLE on an int4 CPU target:
-        # 0.0605 tokens/ms at 2 nodes, 0.0621 at 7, and 7 ran 0.85x where 2 ran 1.08x; experiments/
-        # openvino_row_invariant), so the log names the smallest size within NEAR_TIE of the best
-        near = min(n for n, rate in self.rates.items() if rate >= (1 - NEAR_TIE) * self.rates[best])
+        top = max(self.rates, key=self.rates.get)
         log.info("hardware-aware tree: n* = %d, %.4f tokens/ms (tau/(L + drafting) over n = 2..%d; %s)%s", best,
                  self.rates[best], budget, "drafting as the drafter measured it" if draft_ms else "no drafting cost",
-                 f"; n = {near} is within {NEAR_TIE:.0%} of it, a near-tie the calibration decides (tree.budget="
-                 f"{near} caps it there)" if near < best else "")
+                 f"; the best rate, {self.rates[top]:.4f} at n = {top}, is within {NEAR_TIE:.0%}: a near-tie, "
+                 f"which the smaller tree takes" if top != best else "")
 
     @property
     def accept_table(self) -> list[list[float]] | None:
