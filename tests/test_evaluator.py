@@ -94,6 +94,7 @@ def test_many_methods_run_interleaved_in_one_folder_with_their_own_budgets(tmp_p
     summary = eval_task.run(compose_cfg(overrides, tmp_path), overrides)
     records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
     assert [r["method"] for r in records[:3]] == ["autoregressive", "pld", "pld-3"]  # per prompt, back to back
+    assert [r["method"] for r in records[3:6]] == ["pld", "pld-3", "autoregressive"]  # the first place rotates
     assert max(max(r["tree_sizes"]) for r in records if r["method"] == "pld-3") <= 3
     assert max(max(r["tree_sizes"]) for r in records if r["method"] == "pld") > 3
     table = summary.set_index("method")

@@ -96,7 +96,7 @@ def test_a_record_copied_from_another_folder_is_refused(folder, monkeypatch):
     rows[4]["settings_hash"] = "0123456789ab"
     write_lines(folder, rows)
     message = rerun_refused_after_load(folder, monkeypatch)
-    assert "records.jsonl line 5: the record of 'pld' has settings_hash '0123456789ab'" in message
+    assert f"records.jsonl line 5: the record of '{rows[4]['method']}' has settings_hash '0123456789ab'" in message
     assert "a hash no run into this folder wrote" in message
 
 
