@@ -79,12 +79,6 @@ DYNAMIC_GROUP = 32
 # every call runs at least ROW_INVARIANT_MIN_ROWS rows, and the export traces recent_attention, whose key layout
 # depends on the query row's position alone. The cost: a plain step of 23.8 against w4a8's 17.7 ms there.
 ROW_INVARIANT_MIN_ROWS = 2
-# A prompt on an empty cache is the same call in a method's run as in its plain decoding, so its rows need not be
-# computed as any other call would: a w4a8r prefill runs in one call of the int4 IR with split_attention (w4a8's, the
-# dynamic-shape model) instead of pieces of RECENT_DEPTH rows, and the decoding steps after it read the keys and
-# values it cached, as plain decoding's do (SmolLM2 on a 2-core Cascade Lake: a 109-token prompt 138 against 238 ms,
-# 60 tokens 74 against 133; the pieces were a fifth of a 128-token SSSD answer's wall time on ShareGPT). The cost:
-# that IR compiled beside the row-invariant one (~3 s, ~260 MiB), and exported once if w4a8 has not run here.
 ROW_INVARIANT_FORMAT = "w4a8r_g<group>"
 # the formats that are OpenVINO's own (its dynamic quantisation of activations), each compiling the int4 IR
 OWN_FORMATS = ("w4a8", "w4a8r")
@@ -92,7 +86,7 @@ ROW_INVARIANT_ATTENTION = "specbench_recent_v1"
 # recent_attention's window: a row at position P reads the keys below b(P) = floor((P - RECENT_DEPTH) / RECENT_STRIDE)
 # * RECENT_STRIDE from the cache as it lies and those from b(P) to P gathered in a block of RECENT_WINDOW slots; a call
 # may hold rows at most RECENT_DEPTH positions past its cache (a longer chain runs in pieces; a prefill, in one call of
-# the split-attention IR: see ROW_INVARIANT_MIN_ROWS)
+# the split-attention IR: with_openvino says why)
 RECENT_STRIDE, RECENT_DEPTH = 8, 16
 RECENT_WINDOW = RECENT_STRIDE + RECENT_DEPTH
 RECENT_INPUTS = ("recent_cache_slot", "recent_new_row", "recent_is_new", "recent_mask")
@@ -330,7 +324,7 @@ class OpenVinoForward(nn.Module):
                  prefill: "OpenVinoForward | None" = None) -> None:
         super().__init__()
         self.row_invariant = row_invariant  # the IR traces recent_attention; every call runs >= 2 rows (w4a8r)
-        self.prefill = prefill  # w4a8r: a prompt on an empty cache runs in one call of this (ROW_INVARIANT_MIN_ROWS)
+        self.prefill = prefill  # w4a8r: a prompt on an empty cache runs in one call of this (with_openvino says why)
         self.embed = model.get_input_embeddings()
         self.config, self.generation_config = model.config, model.generation_config
         self.request = compiled.create_infer_request()
@@ -438,8 +432,8 @@ class OpenVinoForward(nn.Module):
         if not _causal_chain(mask, position_ids, past):
             raise SpecbenchError(f"model.weights={ROW_INVARIANT_FORMAT}: a call of batch {batch} with rows up to "
                                  f"{int(position_ids.max()) - past} positions past its cache cannot run row-invariant; "
-                                 f"it runs batch 1 with trees at most {RECENT_DEPTH} deep (a longer causal chain is run in "
-                                 f"pieces)")
+                                 f"it runs batch 1 with trees at most {RECENT_DEPTH} deep (a longer causal chain is "
+                                 f"run in pieces)")
         outs = [self.forward(inputs_embeds=embeds[:, i:i + RECENT_DEPTH], past_key_values=cache,
                              output_hidden_states=output_hidden_states) for i in range(0, n, RECENT_DEPTH)]
         hidden = tuple(torch.cat(layer, 1) for layer in zip(*(o.hidden_states for o in outs))) \
@@ -582,23 +576,28 @@ def with_openvino(target: LoadedModel, weights: str) -> LoadedModel:
     stored = f"int4_g{group}" if head in OWN_FORMATS else weights
     row_invariant = head == "w4a8r"
     properties = PROPERTIES | ({"DYNAMIC_QUANTIZATION_GROUP_SIZE": DYNAMIC_GROUP} if stored != weights else {})
-    layout = ROW_INVARIANT_ATTENTION if row_invariant else ATTENTION
-    folder = ir_folder(fp32, f"forward-{stored}", layout)
-    if not (folder / "openvino_model.xml").exists():
-        print(f"notice: exporting {target.name} to an OpenVINO IR ({stored}, {layout}) once, into {folder}")
-        _export(fp32.model, stored, folder, layout)
-    xml = str(folder / "openvino_model.xml")
+    xml = _ir(fp32, stored, ROW_INVARIANT_ATTENTION if row_invariant else ATTENTION)
     rows = tuple(max(r, ROW_INVARIANT_MIN_ROWS) for r in STATIC_ROWS) if row_invariant else STATIC_ROWS
-    prefill = None
-    if row_invariant:  # its prefill's IR (ROW_INVARIANT_MIN_ROWS says why)
-        split = ir_folder(fp32, f"forward-{stored}", ATTENTION)
-        if not (split / "openvino_model.xml").exists():
-            print(f"notice: exporting {target.name} to an OpenVINO IR ({stored}, {ATTENTION}) once, into {split}")
-            _export(fp32.model, stored, split, ATTENTION)
-        prefill = OpenVinoForward(fp32.model, _compiled(str(split / "openvino_model.xml"), properties))
+    # A prompt on an empty cache is the same call in a method's run as in its plain decoding, so its rows need not be
+    # computed as any other call's: a w4a8r prefill runs in one call of the int4 IR with split_attention (w4a8's, the
+    # dynamic-shape model) instead of pieces of RECENT_DEPTH rows, and the steps after it read the keys and values it
+    # cached, as plain decoding's do (SmolLM2 on a 2-core Cascade Lake: a 109-token prompt 138 against 238 ms, 60
+    # tokens 74 against 133; the pieces were a fifth of a 128-token SSSD answer's wall time on ShareGPT). The cost:
+    # that IR compiled beside the row-invariant one (~3 s, ~260 MiB), and exported once if w4a8 has not run here.
+    prefill = (OpenVinoForward(fp32.model, _compiled(_ir(fp32, stored, ATTENTION), properties)) if row_invariant
+               else None)
     forward = OpenVinoForward(fp32.model, _compiled(xml, properties), _static(xml, properties, rows), row_invariant,
                               prefill)
     return dataclasses.replace(target, model=forward, backend="openvino", weights=weights)
+
+
+def _ir(fp32: LoadedModel, stored: str, layout: str) -> str:
+    """The IR of `fp32`'s forward in weights `stored` tracing attention `layout`, exported on first use."""
+    folder = ir_folder(fp32, f"forward-{stored}", layout)
+    if not (folder / "openvino_model.xml").exists():
+        print(f"notice: exporting {fp32.name} to an OpenVINO IR ({stored}, {layout}) once, into {folder}")
+        _export(fp32.model, stored, folder, layout)
+    return str(folder / "openvino_model.xml")
 
 
 def _static(xml: str, properties: dict, static_rows: tuple[int, ...] = STATIC_ROWS) -> dict:
