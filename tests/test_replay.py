@@ -71,3 +71,10 @@ def test_what_cannot_be_replayed_is_one_line(run, tmp_path):
         replayed(folder, tmp_path, "method=pld", "dataset=humaneval")
     with pytest.raises(SpecbenchError, match="a replay follows greedy exact acceptance"):
         replayed(folder, tmp_path, "method=pld", "sampling.temperature=0.7")
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    lines = (folder / "records.jsonl").read_text().splitlines(keepends=True)
+    (damaged / "records.jsonl").write_text("".join([lines[0], "{not json\n", *lines[1:]]))
+    with pytest.raises(SpecbenchError, match=r"records.jsonl line 2 is not JSON"):
+        replayed(damaged, tmp_path, "method=pld")
+    assert (damaged / "records.jsonl").read_text().count("{not json") == 1  # a replay changes no file

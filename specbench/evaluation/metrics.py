@@ -122,6 +122,11 @@ def decoded(records: pd.DataFrame) -> pd.DataFrame:
     return records[~records["skipped"].fillna(False).astype(bool)]
 
 
+def decode_tau(new_tokens, steps: int) -> float:
+    """tau over answers: their new tokens past the prefill's (cut at EOS and max_new_tokens) per target forward."""
+    return float((np.asarray(new_tokens) - 1).sum() / steps) if steps else math.nan
+
+
 def summarize(records: pd.DataFrame, latency_profile: pd.DataFrame | None = None,
               projected_step: "callable | None" = None, memory: dict[str, int] | None = None,
               drafter_costs: dict[str, DrafterCost] | None = None, max_context: int | None = None,
@@ -149,7 +154,7 @@ def summarize(records: pd.DataFrame, latency_profile: pd.DataFrame | None = None
     for method, grp in records.groupby("method", sort=False):
         engine = is_engine(grp)
         steps = grp["steps"].sum()
-        tau = (grp["new_tokens"] - 1).sum() / steps if steps else math.nan
+        tau = decode_tau(grp["new_tokens"], steps)
         mean_tree = np.mean(np.concatenate([np.asarray(t) for t in grp["tree_sizes"]])) if steps else math.nan
         tps = _tokens_per_s(grp)
         step = _mean_step(grp)

@@ -81,6 +81,39 @@ def _key_or_none(record) -> tuple[str, str, int] | None:
     return key if isinstance(key[0], str) else None
 
 
+def read_records(path: Path) -> list[dict]:
+    """A records.jsonl's records in order, read without changing the file (a folder another task reads)."""
+    return parse_records(path.read_text(encoding="utf-8", errors="replace"), path)
+
+
+def parse_records(text: str, path: Path) -> list[dict]:
+    """Only the last line can be cut by a kill, and then it lacks its newline (a record is written with its newline
+    in one call): it is left out, with a warning. Any other unreadable line, or a record written twice (two runs at
+    once), is refused with its line number."""
+    lines, first_line, records = text.splitlines(), {}, []
+    for number, line in enumerate(lines, 1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            if number == len(lines) and not text.endswith("\n"):
+                log.warning("%s line %d was cut by a kill (%r): left out (a resumed run decodes its prompt again)",
+                            path, number, line[:40])
+                break
+            raise SpecbenchError(f"{path} line {number} is not JSON ({line[:40]!r}): only the last line may be cut "
+                                 f"by a kill; remove that line or give another hydra.run.dir") from None
+        key = _key_or_none(record)
+        if key is None:
+            raise SpecbenchError(f"{path} line {number} is not a record ({line[:40]!r}): each line is a JSON object "
+                                 f"with method, question_id and turn; remove that line or give another hydra.run.dir")
+        if key in first_line:
+            raise SpecbenchError(f"{path} lines {first_line[key]} and {number} are the same record (method "
+                                 f"{key[0]!r}, question_id {key[1]!r}, turn {key[2]}): two runs wrote this folder at "
+                                 f"once; remove one of the two lines")
+        first_line[key] = number
+        records.append(record)
+    return records
+
+
 class RecordStore:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -94,34 +127,11 @@ class RecordStore:
             self._load()
 
     def _load(self) -> None:
-        """Only the last line can be cut by a kill, and then it lacks its newline (a record is written with its
-        newline in one call): it is dropped, with a warning, and redone. Any other unreadable line, or a record
-        written twice (two runs at once), is refused with its line number."""
+        """The file's records (parse_records); a cut last line is dropped from the file too, and its prompt redone."""
         text = self.path.read_text(encoding="utf-8", errors="replace")
-        lines, first_line = text.splitlines(), {}
-        for number, line in enumerate(lines, 1):
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                if number == len(lines) and not text.endswith("\n"):
-                    log.warning("%s line %d was cut by a kill (%r): dropped, its prompt is decoded again", self.path,
-                                number, line[:40])
-                    break
-                raise SpecbenchError(f"{self.path} line {number} is not JSON ({line[:40]!r}): only the last line may "
-                                     f"be cut by a kill; remove that line or give another hydra.run.dir") from None
-            key = _key_or_none(record)
-            if key is None:
-                raise SpecbenchError(f"{self.path} line {number} is not a record ({line[:40]!r}): each line is a JSON "
-                                     f"object with method, question_id and turn; remove that line or give another "
-                                     f"hydra.run.dir")
-            if key in first_line:
-                raise SpecbenchError(f"{self.path} lines {first_line[key]} and {number} are the same record (method "
-                                     f"{key[0]!r}, question_id {key[1]!r}, turn {key[2]}): two runs wrote this folder "
-                                     f"at once; remove one of the two lines")
-            first_line[key] = number
-            self.rows.append(record)
-            self._done[key] = record
-        kept = "".join(line + "\n" for line in lines[: len(self.rows)])
+        self.rows = parse_records(text, self.path)
+        self._done = {record_key(record): record for record in self.rows}
+        kept = "".join(line + "\n" for line in text.splitlines()[: len(self.rows)])
         if kept != text:  # a cut last line, or one missing its newline, which the next append would run into
             write_atomic(self.path, kept)
 

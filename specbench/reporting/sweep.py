@@ -26,13 +26,12 @@ def sweep_summary(sweep_dir: str | Path) -> pd.DataFrame | None:
     frames, jobs = [], []
     # a job's folder is its number and overrides, so an override holding a path (replay.run=experiments/x,
     # method.checkpoint=artifacts/y) nests it deeper: jobs are found by the .hydra folder Hydra writes into each
-    job_folders = [p.parent.parent for p in sweep_dir.glob("**/.hydra/overrides.yaml") if p.parent.parent != sweep_dir]
-    for summary in sorted((job / "summary.csv" for job in job_folders if (job / "summary.csv").is_file()),
-                          key=lambda path: _job_order(path, sweep_dir)):
-        overrides = yaml.safe_load((summary.parent / ".hydra" / "overrides.yaml").read_text()) or []
+    jobs_found = (p.parent.parent for p in sweep_dir.glob("**/.hydra/overrides.yaml") if p.parent.parent != sweep_dir)
+    names = sorted((job.relative_to(sweep_dir).as_posix() for job in jobs_found), key=_job_order)
+    for name in (name for name in names if (sweep_dir / name / "summary.csv").is_file()):
+        overrides = yaml.safe_load((sweep_dir / name / ".hydra" / "overrides.yaml").read_text()) or []
         settings = dict(o.split("=", 1) for o in overrides if "=" in o and not o.startswith(("hydra.", "experiment=")))
-        frame = pd.read_csv(summary)
-        name = summary.parent.relative_to(sweep_dir).as_posix()
+        frame = pd.read_csv(sweep_dir / name / "summary.csv")
         frames.append(frame.assign(job=name, **{k: v for k, v in settings.items() if k not in frame}))
         jobs.append(settings)
     if not frames:
@@ -50,9 +49,8 @@ def sweep_summary(sweep_dir: str | Path) -> pd.DataFrame | None:
     return table
 
 
-def _job_order(summary: Path, sweep_dir: Path) -> tuple[int, str]:
+def _job_order(name: str) -> tuple[int, str]:
     """Hydra's job number first (sub-folders are named <num>_<overrides>), so job 10 follows job 9."""
-    name = summary.parent.relative_to(sweep_dir).as_posix()
     num = name.split("_", 1)[0]
     return (int(num) if num.isdigit() else -1, name)
 

@@ -11,9 +11,7 @@ greedy. Why and what is not replayed: evaluation/replay.py.
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 
 import pandas as pd
 
@@ -21,7 +19,9 @@ from specbench.config import build
 from specbench.data.prompts import encode_conversation
 from specbench.errors import SpecbenchError
 from specbench.evaluation.methods import build_drafter, drafter_class
+from specbench.evaluation.metrics import decode_tau
 from specbench.evaluation.replay import replay
+from specbench.evaluation.run_folder import RECORDS_FILE, read_records
 from specbench.reporting.paper_table import project_path
 from specbench.tasks._common import build_model, run_dir
 
@@ -56,11 +56,11 @@ def run(cfg) -> pd.DataFrame:
     steps = per_answer["steps"].sum()
     summary = pd.DataFrame([{
         "method": cfg.method.name, "tree_budget": cfg.tree.get("budget"),
-        "tau": (per_answer["new_tokens"] - 1).sum() / steps if steps else float("nan"),  # as metrics.summarize
-        "steps": int(steps), "answers": len(per_answer),
+        "tau": decode_tau(per_answer["new_tokens"], steps), "steps": int(steps), "answers": len(per_answer),
         "draft_ms_per_step": per_answer["draft_ms"].sum() / steps if steps else float("nan"),
-        "reference": cfg.replay.reference, "reference_tau": (per_answer["new_tokens"] - 1).sum()
-        / per_answer["recorded_steps"].sum(), "replayed_from": str(cfg.replay.run)}])
+        "reference": cfg.replay.reference,
+        "reference_tau": decode_tau(per_answer["new_tokens"], per_answer["recorded_steps"].sum()),
+        "replayed_from": str(cfg.replay.run)}])
     out_dir = run_dir(cfg)
     out_dir.mkdir(parents=True, exist_ok=True)
     per_answer.to_csv(out_dir / "replay.csv", index=False)
@@ -85,10 +85,10 @@ def _answers(cfg) -> list[dict]:
     if float(cfg.sampling.temperature) != 0:
         raise SpecbenchError(f"sampling.temperature={cfg.sampling.temperature} is invalid for task=replay: a replay "
                              f"follows greedy exact acceptance (temperature 0)")
-    path = project_path(cfg.replay.run) / "records.jsonl"
+    path = project_path(cfg.replay.run) / RECORDS_FILE
     if not path.is_file():
-        raise SpecbenchError(f"replay.run={cfg.replay.run} has no records.jsonl: give a finished run's folder")
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        raise SpecbenchError(f"replay.run={cfg.replay.run} has no {RECORDS_FILE}: give a finished run's folder")
+    records = read_records(path)  # a damaged line is one error naming it
     labels = sorted({r.get("method") for r in records if r.get("method")})
     mine = [r for r in records if r.get("method") == cfg.replay.reference and not r.get("skipped")]
     if not mine:
