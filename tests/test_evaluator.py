@@ -316,7 +316,7 @@ def test_a_run_adds_the_fastest_plain_decoding_of_its_own_weights_beside_the_fas
 
 
 def test_weights_auto_never_verifies_on_w4a8_though_its_plain_decoding_is_the_fastest():
-    """w4a8's rows interact (execution/openvino.py): the fastest plain decoding of any weights may be it, the run's
+    """w4a8's rows interact (execution/openvino/): the fastest plain decoding of any weights may be it, the run's
     own weights never; a profile of w4a8 alone is one error line."""
     frame = hand_made_profile(fast_small="float32", fast_large="float32").latency
     rows = [frame.assign(backend="openvino", weights="int4_g64", ms=frame["ms"] * 0.6),

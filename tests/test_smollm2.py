@@ -76,7 +76,7 @@ def test_a_distilled_draft_written_as_a_gguf_loads_back_as_the_same_model(smollm
 def test_an_openvino_int4_verify_gives_each_row_its_one_token_logits(smollm2):
     """OpenVINO by default quantises activations on the fly before an int4 FC, and a 16-row verify of SmolLM2 then
     came out up to 0.84 from the same 16 one-token forwards (5 of 20 speculative answers kept its plain decoding's);
-    the backend turns it off (execution/openvino.py PROPERTIES), leaving float sums in another order (~6e-5). The tiny
+    the backend turns it off (execution/openvino/compile.py PROPERTIES), leaving float sums in another order (~6e-5). The tiny
     model cannot show it: its rows stay bitwise equal either way."""
     from transformers import DynamicCache
 

@@ -4,7 +4,7 @@
 - `prepacked`: every nn.Linear keeps its weight in oneDNN's blocked layout, reordered once at load. Eager GEMM
   repacks each weight on every call, which is what makes an n = 2 forward cost far more than n = 1 on CPU.
 - `openvino`: the forward run by OpenVINO's CPU runtime from an IR exported once per machine, its weights
-  compressed by NNCF (execution/openvino.py); applied by Execution.apply, which hands it the float weights.
+  compressed by NNCF (execution/openvino/); applied by Execution.apply, which hands it the float weights.
 - `compile`: torch.compile (inductor) of the model's forward with shapes dynamic in the tree size and the cache
   length, so one graph serves every one-token step and one every multi-row verify, and on CPU with freezing, which
   turns the weights into constants that inductor prepacks and folds (dynamo's prepare_freezing, see `_compiled`). It

@@ -34,7 +34,7 @@ from specbench.models.loading import LoadedModel
 
 FORMATS = ("fp", "int8", "int4", "w8a8", "w4a8", "w4a8r")  # fp: the weights as loaded (float32 or the run's dtype)
 # w4a8: int4 in groups with the activations quantised to int8 on the fly, OpenVINO's dynamic quantisation, the way its
-# GenAI engine decodes (model.backend=openvino only; execution/openvino.py says why it is no verify target); w4a8r: the
+# GenAI engine decodes (model.backend=openvino only; execution/openvino/ says why it is no verify target); w4a8r: the
 # same, run row-invariant (every call of two rows or more, attention summed in an order fixed by each row's position),
 # so a verify on it is its own plain decoding
 GROUPED = ("int4", "w4a8", "w4a8r")  # the formats named with their group size: int4_g64, w4a8_g64
@@ -55,7 +55,7 @@ def check_weights(weights: str, group_size: int = 32, where: str = "model.weight
 
 def plain_only(weights: str) -> bool:
     """Whether these weights (a config or format name) serve plain decoding only, never a verify: w4a8's rows interact
-    (execution/openvino.py), so a tree verify on it is no lossless match for its plain decoding."""
+    (execution/openvino/), so a tree verify on it is no lossless match for its plain decoding."""
     return split_format(weights)[0] == "w4a8"
 
 

@@ -15,7 +15,7 @@ def commit_path(cache, past_len: int, path: list[int]) -> None:
 
     The path's rows are written over the rows after past_len in place, so a commit costs the kept rows, not the whole
     cache: a gather of every position (index_select) copied the whole cache at every step (11.5 MB for SmolLM2 at
-    250 tokens), and a cache kept in a backend's own memory (execution/openvino.py) then had to be copied in again."""
+    250 tokens), and a cache kept in a backend's own memory (execution/openvino/) then had to be copied in again."""
     keep = past_len + len(path)
     if path != list(range(len(path))):
         index = past_len + torch.tensor(path, dtype=torch.long)

@@ -362,11 +362,17 @@ MEASURED_BY = (backends, quantize, linears, attention, openvino, profiler)
 def code_digest(files=None) -> str:
     """Short hash of the source of `files` (default: the modules of MEASURED_BY), part of a cached measurement's
     name (the profile here, the attention windows in attention.py)."""
-    paths = files if files is not None else [m.__file__ for m in MEASURED_BY]
+    paths = files if files is not None else [path for m in MEASURED_BY for path in _sources(m)]
     digest = hashlib.sha256()
     for path in paths:
         digest.update(Path(path).read_bytes())
     return digest.hexdigest()[:10]
+
+
+def _sources(module) -> list[Path]:
+    """A module's source file, or every source file of a package (its code spreads over them)."""
+    path = Path(module.__file__)
+    return sorted(path.parent.rglob("*.py")) if path.name == "__init__.py" else [path]
 
 
 def profile_path(model_name: str, device: torch.device | str) -> Path:

@@ -1,0 +1,139 @@
+"""The target's forward exported to an OpenVINO IR, once per machine: traced by `openvino.convert_model` with its
+inputs as the verify gives them, weights compressed by NNCF, cached under the specbench cache keyed by the model, the
+versions that shape the IR and the attention it traces, and written whole (a temporary folder, renamed)."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import logging
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import DynamicCache
+
+from specbench.errors import SpecbenchError
+from specbench.execution.openvino.attention import ATTENTION, RECENT_INPUTS, ROW_INVARIANT_ATTENTION, register
+from specbench.models.loading import LoadedModel, cache_dir
+from specbench.models.shape import head_dim
+
+
+def ir_folder(loaded: LoadedModel, kind: str, layout: str = "") -> Path:
+    """Where an IR of `loaded`'s float weights is cached: keyed by the model's source and config, two of its weights
+    (a draft artifact or a changed checkpoint moves them), the OpenVINO and transformers versions and the graph's
+    `layout` (what the export traces)."""
+    import openvino as ov
+    import transformers
+
+    params = list(loaded.model.parameters())
+    first, last = (p.detach().float().sum().item() for p in (params[0], params[-1]))
+    identity = f"{loaded.source}:{loaded.model.config.to_json_string()}:{first}:{last}"
+    versions = f"{ov.__version__}:{transformers.__version__}" + (f":{layout}" if layout else "")
+    key = hashlib.sha1(f"{identity}:{versions}".encode()).hexdigest()[:10]
+    return cache_dir("openvino") / f"{loaded.name}-{key}-{kind}"
+
+
+def compressed(ir, weights: str):
+    """`ir` with its weights compressed by NNCF: int8 symmetric per output channel, int4_g<group> asymmetric in groups
+    (NNCF keeps the embedding and the head in int8 for int4, its default); fp, fp32 and fp16 leave it as it is."""
+    if weights in ("fp", "fp32", "fp16"):
+        return ir
+    import nncf
+
+    # its bitwidth table (a log line) and its progress bar (rich, on stdout) say nothing about the user's run
+    nncf.set_log_level(logging.WARNING)
+    with contextlib.redirect_stdout(io.StringIO()):
+        if weights == "int8":
+            return nncf.compress_weights(ir, mode=nncf.CompressWeightsMode.INT8_SYM)
+        return nncf.compress_weights(ir, mode=nncf.CompressWeightsMode.INT4_ASYM,
+                                     group_size=int(weights[len("int4_g"):]), ratio=1.0)
+
+
+def flat_cache(config, past) -> DynamicCache:
+    """A DynamicCache holding `past` (key, value per layer, flat), its layers filled directly: DynamicCache.update
+    would concatenate onto an empty 1-D tensor, which the OpenVINO frontend cannot give a rank."""
+    cache = DynamicCache(config=config)
+    for i, layer in enumerate(cache.layers):
+        layer.lazy_initialization(past[2 * i], past[2 * i + 1])
+        layer.keys, layer.values = past[2 * i], past[2 * i + 1]
+    return cache
+
+
+class _Traced(nn.Module):
+    """The forward the IR holds: embeddings, mask, positions and the cache in; logits, hidden states and the new rows'
+    keys and values out. The cache goes in as one tensor (every layer's keys and values stacked: 2 x layers, batch,
+    heads, tokens, head dim) and the hidden states and new rows come out stacked the same way: OpenVINO pays per input
+    and output of a dynamic shape on every call (experiments/openvino_same_model). The model runs with the layout's
+    attention (attention.py): its own cache holds only the new rows, and the cached ones reach the attention as
+    `cached_kv` (recent_attention's window inputs as `recent`)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, inputs_embeds, attention_mask, position_ids, past, *recent):
+        layers = past.unbind(0)
+        cache = flat_cache(self.model.config, [t[:, :, :0] for t in layers])
+        out = self.model(inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=cache, use_cache=True, output_hidden_states=True, cached_kv=layers,
+                         recent=recent)
+        new = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
+        return out.logits, torch.stack(out.hidden_states), torch.stack(new)
+
+
+def exported(fp32: LoadedModel, stored: str, layout: str) -> str:
+    """The path of the IR of `fp32`'s forward in weights `stored` tracing attention `layout`, exported on first use."""
+    folder = ir_folder(fp32, f"forward-{stored}", layout)
+    if not (folder / "openvino_model.xml").exists():
+        print(f"notice: exporting {fp32.name} to an OpenVINO IR ({stored}, {layout}) once, into {folder}")
+        export(fp32.model, stored, folder, layout)
+    return str(folder / "openvino_model.xml")
+
+
+def export(model: nn.Module, weights: str, folder: Path, layout: str = ATTENTION) -> None:
+    """`model`'s forward (_Traced) with attention `layout`, compressed to `weights`, saved into `folder` whole."""
+    import openvino as ov
+
+    config = model.config
+    kv_heads, layers, width = config.num_key_value_heads, config.num_hidden_layers, head_dim(config)
+    n, past = 3, 2
+    row_invariant = layout == ROW_INVARIANT_ATTENTION
+    mask = torch.ones(n, past + (0 if row_invariant else n), dtype=torch.bool).tril(past)[None, None]
+    example = (torch.zeros(1, n, config.hidden_size), mask, torch.arange(past, past + n)[None],
+               torch.zeros(2 * layers, 1, kv_heads, past, width))
+    if row_invariant:  # the window's inputs: slot, row, which, seen (any values of their types trace the graph)
+        index, flags = torch.zeros(n, 4, dtype=torch.long), torch.ones(n, 4, dtype=torch.bool)
+        example += (index, index, flags, flags)
+    register(layout)
+    attention = model.config._attn_implementation
+    model.config._attn_implementation = layout
+    try:  # the trace's warnings are about code paths of the model it specialises, nothing a user acts on
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ir = ov.convert_model(_Traced(model), example_input=example)
+    except Exception as exc:  # noqa: BLE001  (the frontend raises its own types)
+        lines = [line for line in str(exc).splitlines() if line.strip()]
+        raise SpecbenchError(f"model.backend=openvino cannot export this model: openvino.convert_model failed: "
+                             f"{lines[-1][:200] if lines else type(exc).__name__}") from exc
+    finally:
+        model.config._attn_implementation = attention
+    names = ["inputs_embeds", "attention_mask", "position_ids", "past", *(RECENT_INPUTS if row_invariant else ())]
+    shapes = [[-1, -1, config.hidden_size], [-1, 1, -1, -1], [-1, -1], [2 * layers, -1, kv_heads, -1, width],
+              *([[-1, -1]] * len(RECENT_INPUTS) if row_invariant else [])]
+    for port, name, shape in zip(ir.inputs, names, shapes):
+        port.get_tensor().set_names({name})
+        port.get_node().set_partial_shape(ov.PartialShape(shape))
+    ir.validate_nodes_and_infer_types()
+    tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    ov.save_model(compressed(ir, weights), tmp / "openvino_model.xml", compress_to_fp16=False)
+    try:
+        tmp.rename(folder)
+    except OSError:  # another process exported it meanwhile: keep theirs
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,48 @@
+"""A weight format's route on OpenVINO: which IR it exports, how it compiles it and which forward runs it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from specbench.errors import SpecbenchError
+from specbench.execution.openvino.attention import ATTENTION, ROW_INVARIANT_ATTENTION
+from specbench.execution.openvino.compile import DYNAMIC_GROUP, PROPERTIES, STATIC_ROWS, compiled, static_models
+from specbench.execution.openvino.export import exported
+from specbench.execution.openvino.forward import ROW_INVARIANT_MIN_ROWS, OpenVinoForward
+from specbench.execution.openvino.settings import OWN_FORMATS, group_problem, unsupported
+from specbench.models.loading import LoadedModel, with_dtype
+
+
+def with_openvino(target: LoadedModel, weights: str) -> LoadedModel:
+    """`target`'s float weights exported (once per machine) to an OpenVINO IR in `weights`, compiled for this CPU
+    with PyTorch's thread count and float32 inference."""
+    reason = unsupported(torch.float32, next(target.model.parameters()).device, weights)
+    if reason:
+        raise SpecbenchError(f"model.backend=openvino cannot run here: {reason}")
+    problem = group_problem(target.model.config, weights)
+    if problem:
+        raise SpecbenchError(f"model.backend=openvino cannot compress {target.name} to {weights}: {problem}")
+    if target.weights != "fp" or target.backend != "eager":
+        raise SpecbenchError(f"model.backend=openvino compresses the float weights itself; it was given a target with "
+                             f"weights {target.weights} on backend {target.backend}: give it the eager float model "
+                             f"(Execution('openvino', 'float32', '{weights}').apply does)")
+    fp32 = with_dtype(target, "float32")
+    head, _, group = weights.partition("_g")
+    # w4a8 and w4a8r compile the int4 IR (w4a8r's traces recent_attention) with activations quantised on the fly
+    stored = f"int4_g{group}" if head in OWN_FORMATS else weights
+    row_invariant = head == "w4a8r"
+    properties = PROPERTIES | ({"DYNAMIC_QUANTIZATION_GROUP_SIZE": DYNAMIC_GROUP} if stored != weights else {})
+    xml = exported(fp32, stored, ROW_INVARIANT_ATTENTION if row_invariant else ATTENTION)
+    rows = tuple(max(r, ROW_INVARIANT_MIN_ROWS) for r in STATIC_ROWS) if row_invariant else STATIC_ROWS
+    # A prompt on an empty cache is the same call in a method's run as in its plain decoding, so its rows need not be
+    # computed as any other call's: a w4a8r prefill runs in one call of the int4 IR with split_attention (w4a8's, the
+    # dynamic-shape model) instead of pieces of RECENT_DEPTH rows, and the steps after it read the keys and values it
+    # cached, as plain decoding's do (experiments/openvino_row_invariant). The cost: that IR compiled beside the
+    # row-invariant one, and exported once if w4a8 has not run here.
+    prefill = (OpenVinoForward(fp32.model, compiled(exported(fp32, stored, ATTENTION), properties)) if row_invariant
+               else None)
+    forward = OpenVinoForward(fp32.model, compiled(xml, properties), static_models(xml, properties, rows),
+                              row_invariant, prefill)
+    return dataclasses.replace(target, model=forward, backend="openvino", weights=weights)
