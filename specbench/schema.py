@@ -94,6 +94,25 @@ class EvalSchema:
 
 
 @dataclass
+class EngineOptionsSchema:  # eval.engine_options; an engine's own group is checked where eval.engines asks for it
+    threads: Optional[int] = setting(low=1)
+    lookup_tokens: int = setting(low=1)
+    lookup_ngram: int = setting(low=1)
+    draft_tokens: int = setting(low=1)
+    llama_cpp: dict = setting()
+    transformers: dict = setting()
+    openvino: dict = setting()
+
+
+@dataclass
+class LlamaCppOptionsSchema:
+    n_batch: int = setting(low=1)
+    n_ctx: int = setting(low=1)
+    draft: Optional[str] = setting()
+    draft_checkpoint: Optional[str] = setting()
+
+
+@dataclass
 class DatastoreSchema:
     num_conversations: int = setting(low=1, high=HELD_OUT_FROM)
     path: Optional[str] = setting()
@@ -167,6 +186,9 @@ def _validate(cfg: DictConfig) -> None:
     check_schema("", {"seed": cfg.get("seed")}, RunSchema)
     check_schema("eval", _resolved(cfg, "eval"), EvalSchema, high=_max_new_tokens(cfg))
     check_quality(OmegaConf.select(cfg, "eval.quality"), OmegaConf.select(cfg, "dataset.source"))
+    for key, schema in (("eval.engine_options", EngineOptionsSchema),
+                        ("eval.engine_options.llama_cpp", LlamaCppOptionsSchema)):
+        check_schema(key, _resolved(cfg, key), schema)
     check_schema("sampling", _resolved(cfg, "sampling"), SamplingParams)
     SamplingParams(**_resolved(cfg, "sampling"))  # its ranges: temperature >= 0 and finite, top_p in (0, 1]
     for group, schema in (("datastore", DatastoreSchema), ("calibration", CalibrationSchema),
@@ -252,6 +274,12 @@ def check_method(cfg: DictConfig) -> None:
     built, which checks their ranges."""
     for key in _targets(cfg, ["method", "tree", "accept"]):
         check_target(key, _resolved(cfg, key))
+    drafter = _resolved(cfg, "method.drafter")
+    if str(drafter.get("_target_", "")).startswith("specbench."):
+        cls = get_object(drafter["_target_"])
+        defaults = {name: p.default for name, p in inspect.signature(cls).parameters.items()
+                    if p.default is not inspect.Parameter.empty}
+        cls.check_config(defaults | {k: v for k, v in drafter.items() if not k.startswith("_")})
     for key in ("tree", "accept"):
         if cfg.get(key) is not None:
             build(cfg[key])

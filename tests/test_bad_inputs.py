@@ -30,6 +30,8 @@ def files(tmp_path_factory):
     rows = [{"question_id": q, "turns": ["hi"]} for q in ("a", "b", "a", "c", "b")]
     (folder / "dup.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (folder / "latin1.jsonl").write_bytes('{"question_id": "a", "turns": ["caf\u00e9"]}\n'.encode("latin-1"))
+    (folder / "no_key.json").write_text('{"depth": 2, "probs": [[0.5]]}')  # calibration files a user might give
+    (folder / "cut.json").write_text('{"accept_prob": [[0.5, 0.')
     return folder
 
 
@@ -106,6 +108,32 @@ CASES = [
     (["task=train", "method=eagle", "method.train.data.num_workers=-1"],
      "method.train.data.num_workers=-1 is invalid: it must be an integer >= 0"),
     (["task=calibrate", "+calibration.depth=abc"], "calibration.depth='abc' is invalid: it must be an integer"),
+    (["tree=greedy", "tree.accept_prob={data}/no_key.json"], "tree.accept_prob='{data}/no_key.json' holds no "
+                                                             "\"accept_prob\" key (one list of probabilities per depth)"),
+    (["tree=greedy", "tree.accept_prob={data}/cut.json"], "tree.accept_prob='{data}/cut.json' is not JSON ("),
+    (["tree=hardware_aware", "tree.accept_prob={data}"], "tree.accept_prob='{data}' is a folder: give the JSON file "
+                                                         "`python run.py task=calibrate` writes, or a preset name"),
+    (["eval.engine_options.lookup_tokens=-3"], "eval.engine_options.lookup_tokens=-3 is invalid: it must be an "
+                                               "integer >= 1"),
+    (["eval.engine_options.llama_cpp.n_ctx=0"], "eval.engine_options.llama_cpp.n_ctx=0 is invalid: it must be an "
+                                                "integer >= 1"),
+    (["+eval.engine_options.lookup_token=3"], "eval.engine_options.lookup_token is not a setting; valid keys of "
+                                              "eval.engine_options: threads, lookup_tokens"),
+    (["model.weights=w4a8r_g64"], "model.weights='w4a8r_g64' is unknown: the group size is a setting of its own, so "
+                                  "give model.weights=w4a8r model.group_size=64"),
+    (["model.weights=int4_g64"], "model.weights='int4_g64' is unknown: the group size is a setting of its own, so "
+                                 "give model.weights=int4 model.group_size=64"),
+    (["model.weights=w4a8_g100"], "model.weights='w4a8_g100' is unknown: the group size is a setting of its own, so "
+                                  "give model.weights=w4a8 model.group_size one of 32, 64, 128, 256"),
+    (["method=suffix", "method.drafter.max_depth=1"], "method.drafter.max_depth=1 is invalid: it must be an integer "
+                                                      ">= 2"),
+    (["method=suffix", "method.drafter.min_token_prob=2"], "method.drafter.min_token_prob=2 is invalid: it must be in "
+                                                           "[0, 1]"),
+    (["method=suffix", "method.drafter.suffix_tree=rust"], "method.drafter.suffix_tree='rust' is invalid"),
+    (["method=suffix", "method.drafter.warmup={data}/none.jsonl"], "method.drafter.warmup='{data}/none.jsonl' is not "
+                                                                   "a file"),
+    (['methods=[{method:suffix,label:s,overrides:["method.drafter.max_spec_factor=-1"]}]'],
+     "methods entry 's': method.drafter.max_spec_factor=-1 is invalid: it must be a number >= 0"),
 ]
 
 

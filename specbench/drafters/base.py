@@ -55,6 +55,11 @@ class Drafter(ABC):
     # proposes from state.tokens alone (no target outputs; observe learns nothing), so task=replay can replay it
     drafts_from_tokens: bool = False
 
+    @classmethod
+    def check_config(cls, config: dict) -> None:
+        """Refuse bad knobs before any model loads: config is method.drafter's keys over the constructor's defaults
+        (specbench.schema calls this; what needs the target or a checkpoint is checked when the drafter is built)."""
+
     def reset(self, state: DecodeState) -> None:
         """Called once per prompt after prefill; state.last holds the prefill outputs at the last prompt token."""
 

@@ -84,7 +84,8 @@ class PPDDrafter(Drafter):
                                  f"({str(exc).splitlines()[0]})") from exc
         self.embeds = self.prompts.weight.detach().to(target.model.device, target.model.dtype)
         self.m, self.n_e = self.prompts.num_prompt_tokens, self.prompts.num_ensemble
-        acc = load_accept_prob(accept_prob) if accept_prob is not None else meta["metrics"].get("rank_accuracy")
+        acc = (load_accept_prob(accept_prob, "method.drafter.accept_prob") if accept_prob is not None
+               else meta["metrics"].get("rank_accuracy"))
         if acc is None or len(acc) < self.m:
             raise SpecbenchError(f"PPD's sparse tree needs the accuracy of each rank for each of the {self.m} prompt "
                                  f"tokens; checkpoint '{checkpoint}' carries {'none' if acc is None else len(acc)}: "

@@ -31,15 +31,17 @@ IMPLEMENTATIONS = ("auto", "arctic", "python")
 def suffix_tree_class(implementation: str):
     """The SuffixTree class to use: arctic-inference's C++ tree or the Python one (auto: arctic's when installed)."""
     if implementation not in IMPLEMENTATIONS:
-        raise SpecbenchError(f"suffix suffix_tree={implementation!r} is invalid: pick one of {list(IMPLEMENTATIONS)}")
+        raise SpecbenchError(f"method.drafter.suffix_tree={implementation!r} is invalid: pick one of "
+                             f"{list(IMPLEMENTATIONS)}")
     if implementation == "python":
         return PythonSuffixTree
     try:
         from arctic_inference.suffix_decoding._C import SuffixTree
     except ImportError:
         if implementation == "arctic":
-            raise SpecbenchError("suffix suffix_tree=arctic needs arctic-inference: `pip install 'specbench[suffix]'` "
-                                 "(it builds from source with cmake and nanobind), or pick suffix_tree=python") from None
+            raise SpecbenchError("method.drafter.suffix_tree=arctic needs arctic-inference: `pip install "
+                                 "'specbench[suffix]'` (it builds from source with cmake and nanobind), or pick "
+                                 "suffix_tree=python") from None
         return PythonSuffixTree
     return SuffixTree
 
@@ -72,15 +74,9 @@ class SuffixDrafter(Drafter):
                  use_global: bool = True, warmup: str | None = None, suffix_tree: str = "auto") -> None:
         """Defaults are vLLM's (suffix_decoding_max_tree_depth 24, max_spec_factor 1, min_token_prob 0.1);
         tree_spec=False drafts the single most frequent path, as vLLM does; use_global=False keeps the local tree."""
-        if not isinstance(max_depth, int) or isinstance(max_depth, bool) or max_depth < 2:
-            raise SpecbenchError(f"suffix max_depth={max_depth!r} is invalid: it must be an integer >= 2")
-        for knob, value, low in [("max_spec_factor", max_spec_factor, 0), ("max_spec_offset", max_spec_offset, None),
-                                 ("min_token_prob", min_token_prob, 0)]:
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or (low is not None and value < low):
-                raise SpecbenchError(f"suffix {knob}={value!r} is invalid: it must be a number"
-                                     + (f" >= {low}" if low is not None else ""))
-        if min_token_prob > 1:
-            raise SpecbenchError(f"suffix min_token_prob={min_token_prob!r} is invalid: it must be in [0, 1]")
+        self.check_config({"max_depth": max_depth, "max_spec_factor": max_spec_factor,
+                           "max_spec_offset": max_spec_offset, "min_token_prob": min_token_prob,
+                           "use_global": use_global, "warmup": warmup, "suffix_tree": suffix_tree})
         self.tree_class = suffix_tree_class(suffix_tree)
         self.max_depth, self.budget = max_depth, tree.budget
         self.max_spec_factor, self.max_spec_offset, self.min_token_prob = max_spec_factor, max_spec_offset, min_token_prob
@@ -89,11 +85,31 @@ class SuffixDrafter(Drafter):
         self.global_tree = self.tree_class(max_depth) if use_global else None
         self.sequence_ids = count()
         if warmup is not None:
-            if not use_global:
-                raise SpecbenchError("suffix warmup fills the global tree: it needs use_global=true")
             for doc in warmup_documents(Path(warmup).expanduser(), target.tokenizer):
                 self.global_tree.extend(next(self.sequence_ids), doc)
         self.local_tree, self.seen, self.prompt_len, self.sequence = None, 0, 0, None
+
+    @classmethod
+    def check_config(cls, config: dict) -> None:
+        """The knobs' ranges, the tree implementation and the warm-up file, before any model loads."""
+        max_depth = config["max_depth"]
+        if not isinstance(max_depth, int) or isinstance(max_depth, bool) or max_depth < 2:
+            raise SpecbenchError(f"method.drafter.max_depth={max_depth!r} is invalid: it must be an integer >= 2")
+        for knob, low in (("max_spec_factor", 0), ("max_spec_offset", None), ("min_token_prob", 0)):
+            value = config[knob]
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or (low is not None and value < low):
+                raise SpecbenchError(f"method.drafter.{knob}={value!r} is invalid: it must be a number"
+                                     + (f" >= {low}" if low is not None else ""))
+        if config["min_token_prob"] > 1:
+            raise SpecbenchError(f"method.drafter.min_token_prob={config['min_token_prob']!r} is invalid: it must be "
+                                 f"in [0, 1]")
+        suffix_tree_class(config["suffix_tree"])
+        warmup = config["warmup"]
+        if warmup is not None and not config["use_global"]:
+            raise SpecbenchError("method.drafter.warmup fills the global tree: it needs method.drafter.use_global=true")
+        if warmup is not None and not Path(warmup).expanduser().is_file():
+            raise SpecbenchError(f"method.drafter.warmup={str(warmup)!r} is not a file: give a .jsonl of texts or a "
+                                 f"text file")
 
     def reset(self, state: DecodeState) -> None:
         """A fresh local tree and a new sequence in the global one; both are extended as propose sees tokens."""

@@ -47,6 +47,12 @@ def check_weights(weights: str, group_size: int = 32, where: str = "model.weight
     """One error line for a format or group size the kernels cannot run (the group size is checked whatever the
     format: eval.profile_weights may quantise to int4 a run whose own weights are fp)."""
     if weights not in (*FORMATS, AUTO):
+        head, group = split_format(str(weights))
+        if head != weights:  # int4_g64: a format's name, whose group size is a setting of its own here
+            sizes = (f"model.group_size={group}" if group in GROUP_SIZES
+                     else f"model.group_size one of {', '.join(map(str, GROUP_SIZES))}")
+            raise SpecbenchError(f"{where}='{weights}' is unknown: the group size is a setting of its own, so give "
+                                 f"{where}={head} {sizes}")
         raise SpecbenchError(f"{where}='{weights}' is unknown; valid choices: {', '.join(FORMATS)}, {AUTO}")
     if isinstance(group_size, bool) or group_size not in GROUP_SIZES:
         raise SpecbenchError(f"model.group_size={group_size!r} is invalid for int4 weights: give one of "

@@ -23,24 +23,41 @@ from specbench.trees.static import PRESET_DIR, StaticPolicy
 log = logging.getLogger(__name__)
 
 
-def load_accept_prob(source) -> list[list[float]]:
-    """accept_prob from an inline list, a calibration JSON file, or a preset name in conf/tree/presets."""
+def load_accept_prob(source, where: str = "tree.accept_prob") -> list[list[float]]:
+    """accept_prob from an inline list, a calibration JSON file, or a preset name in conf/tree/presets; `where`: the
+    setting that gave it, which its errors name."""
     if isinstance(source, ListConfig):
         source = OmegaConf.to_container(source)
     if isinstance(source, str):
         path = Path(source).expanduser()
         path = path if path.exists() else PRESET_DIR / f"{source}.json"
         if not path.exists():
-            raise SpecbenchError(f"tree.accept_prob='{source}' is neither a calibration JSON file nor a preset in "
-                                 f"{PRESET_DIR}; run `python -m specbench.evaluation.calibration` to make one")
-        source = json.loads(path.read_text())["accept_prob"]
+            raise SpecbenchError(f"{where}='{source}' is neither a calibration JSON file nor a preset in "
+                                 f"{PRESET_DIR}; `python run.py task=calibrate` makes one")
+        source = _calibration_table(path, f"{where}='{source}'")
     ok = isinstance(source, list) and source and all(
         isinstance(row, list) and row and all(isinstance(a, (int, float)) and 0 <= a <= 1 for a in row)
         for row in source)
     if not ok:
-        raise SpecbenchError(f"tree.accept_prob={source!r} is invalid: give one non-empty list of probabilities "
+        raise SpecbenchError(f"{where}={source!r} is invalid: give one non-empty list of probabilities "
                              f"in [0, 1] per depth, e.g. [[0.6, 0.1], [0.3, 0.1]]")
     return source
+
+
+def _calibration_table(path: Path, given: str):
+    """The "accept_prob" of a calibration JSON (what task=calibrate writes), or one line saying what the file is."""
+    fix = "give the JSON file `python run.py task=calibrate` writes, or a preset name"
+    if path.is_dir():
+        raise SpecbenchError(f"{given} is a folder: {fix}")
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise SpecbenchError(f"{given} cannot be read ({exc.strerror or exc}): {fix}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SpecbenchError(f"{given} is not JSON ({exc}): {fix}") from None
+    if not isinstance(doc, dict) or "accept_prob" not in doc:
+        raise SpecbenchError(f"{given} holds no \"accept_prob\" key (one list of probabilities per depth): {fix}")
+    return doc["accept_prob"]
 
 
 def expected_tau(choices: list[list[int]], accept_prob: list[list[float]]) -> float:
