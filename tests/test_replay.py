@@ -11,8 +11,10 @@ from specbench.tasks import dispatch
 
 from .conftest import compose_cfg
 
-RUN = ["model=tiny_random", "eval.dtype=float32", "eval.num_prompts=3", "eval.max_new_tokens=40", "eval.warmup=0",
-       "eval.memory_probe=false", "eval.fastest_ar=false", "eval.latency_profile=false"]
+# the warm-up generation and the memory probe on (the defaults): they decode the first prompt untimed, which suffix
+# decoding's global tree must not learn from; and both turns, each prompt encoded after the method's own answer
+RUN = ["model=tiny_random", "eval.dtype=float32", "eval.num_prompts=3", "eval.max_new_tokens=40",
+       "eval.first_turn_only=false", "eval.fastest_ar=false", "eval.latency_profile=false"]
 
 
 @pytest.fixture(scope="module")
@@ -42,6 +44,24 @@ def test_a_replay_takes_the_steps_the_run_took(run, tmp_path, method):
     assert pd.read_csv(tmp_path / "replay" / "replay.csv")["steps"].tolist() == steps
     smaller = replayed(folder, tmp_path, f"method={method}", "tree.budget=2")  # one drafted token a step
     assert smaller["tau"].item() < out["tau"].item()
+
+
+def test_a_resumed_run_drafts_as_the_unbroken_one_and_its_replay_takes_its_steps(tmp_path):
+    """Killed after 2 prompts and resumed for 4, suffix decoding first learns the folder's answers (its global tree
+    would otherwise start empty), so every answer takes the steps of a run never stopped, and of the replay."""
+    from specbench.tasks import eval as eval_task
+
+    def steps(folder):
+        return [r["steps"] for r in map(json.loads, (folder / "records.jsonl").read_text().splitlines())
+                if r["method"] == "suffix"]
+
+    run = [*RUN, "eval.first_turn_only=true", "eval.max_new_tokens=24", "eval.memory_probe=false", "method=suffix"]
+    eval_task.run(compose_cfg([*run, "eval.num_prompts=2"], tmp_path / "resumed"))
+    eval_task.run(compose_cfg([*run, "eval.num_prompts=4"], tmp_path / "resumed"))
+    eval_task.run(compose_cfg([*run, "eval.num_prompts=4"], tmp_path / "unbroken"))
+    assert len(steps(tmp_path / "unbroken")) == 4 and steps(tmp_path / "resumed") == steps(tmp_path / "unbroken")
+    replayed(tmp_path / "resumed", tmp_path, "method=suffix")
+    assert pd.read_csv(tmp_path / "replay" / "replay.csv")["steps"].tolist() == steps(tmp_path / "unbroken")
 
 
 def test_replay_follows_acceptance_by_hand():

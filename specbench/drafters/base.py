@@ -54,6 +54,9 @@ class Drafter(ABC):
     needs_hidden_states: bool = False  # ask verification for last hidden states (Medusa/PPD draft from them)
     # proposes from state.tokens alone (no target outputs; observe learns nothing), so task=replay can replay it
     drafts_from_tokens: bool = False
+    # keeps what it met in earlier answers (suffix decoding's global tree), so the evaluator has it forget its untimed
+    # generations and, resuming a run folder, learn the folder's answers first (Evaluator._relearn)
+    learns_across_answers: bool = False
 
     @classmethod
     def check_config(cls, config: dict) -> None:
@@ -62,6 +65,9 @@ class Drafter(ABC):
 
     def reset(self, state: DecodeState) -> None:
         """Called once per prompt after prefill; state.last holds the prefill outputs at the last prompt token."""
+
+    def forget(self) -> None:
+        """Drop what earlier answers taught it (learns_across_answers): as built, before any answer."""
 
     @abstractmethod
     def propose(self, state: DecodeState) -> TokenTree:

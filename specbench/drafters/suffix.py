@@ -81,12 +81,9 @@ class SuffixDrafter(Drafter):
         self.max_depth, self.budget = max_depth, tree.budget
         self.max_spec_factor, self.max_spec_offset, self.min_token_prob = max_spec_factor, max_spec_offset, min_token_prob
         self.tree_spec, self.use_global = bool(tree_spec), bool(use_global)
-        # shared by the forks a batch makes (batching.fork_drafter copies shallowly): every sequence adds its answer
-        self.global_tree = self.tree_class(max_depth) if use_global else None
-        self.sequence_ids = count()
-        if warmup is not None:
-            for doc in warmup_documents(Path(warmup).expanduser(), target.tokenizer):
-                self.global_tree.extend(next(self.sequence_ids), doc)
+        self.corpus = [] if warmup is None else warmup_documents(Path(warmup).expanduser(), target.tokenizer)
+        self.learns_across_answers = self.use_global
+        self.forget()
         self.local_tree, self.seen, self.prompt_len, self.sequence = None, 0, 0, None
 
     @classmethod
@@ -110,6 +107,14 @@ class SuffixDrafter(Drafter):
         if warmup is not None and not Path(warmup).expanduser().is_file():
             raise SpecbenchError(f"method.drafter.warmup={str(warmup)!r} is not a file: give a .jsonl of texts or a "
                                  f"text file")
+
+    def forget(self) -> None:
+        """A global tree of the warm-up corpus alone. It is shared by the forks a batch makes (batching.fork_drafter
+        copies shallowly): every sequence adds its answer."""
+        self.global_tree = self.tree_class(self.max_depth) if self.use_global else None
+        self.sequence_ids = count()
+        for doc in self.corpus:
+            self.global_tree.extend(next(self.sequence_ids), doc)
 
     def reset(self, state: DecodeState) -> None:
         """A fresh local tree and a new sequence in the global one; both are extended as propose sees tokens."""

@@ -24,6 +24,7 @@ from specbench.engines.base import Engine
 from specbench.errors import SpecbenchError
 from specbench.evaluation.memory import peak_allocated_bytes
 from specbench.evaluation.metrics import BASELINE, decoded
+from specbench.evaluation.replay import replay_answers
 from specbench.evaluation.run_folder import RECORDS_FILE, RecordStore, backbone_reference
 from specbench.files import write_atomic
 from specbench.models.loading import LoadedModel
@@ -109,6 +110,7 @@ class Evaluator:
             if len(first) < self.target.max_context - 1:
                 self._warmup(decoders, first)
                 self._probe_memory(decoders, first)
+            self._relearn()
         b = self.settings.batch_size
         chunks = [todo[i: i + b] for i in range(0, len(todo), b)]
         bar = tqdm(total=len(todo), desc=f"{len(self.runs)} methods on {self.dataset.name}", unit="prompt",
@@ -190,6 +192,21 @@ class Evaluator:
         for _ in range(self.settings.warmup):
             for _, decoder in decoders:
                 self._short(decoder, ids)
+
+    def _relearn(self) -> None:
+        """A drafter that learns across answers forgets the untimed generations (the first prompt's answer, which it
+        would otherwise know before answering it) and learns this folder's answers so far in their order: a resumed
+        run drafts as the unbroken one would have, and task=replay gives its every step."""
+        prompts = {p.question_id: p for p in self.dataset}
+        for run in self.runs:
+            if run.engine is not None or not run.drafter.learns_across_answers:
+                continue
+            run.drafter.forget()
+            done = [r for r in self.store.rows if r["method"] == run.label and not r.get("skipped")
+                    and r["question_id"] in prompts]
+            for _ in replay_answers(run.drafter, done, prompts, self.target.tokenizer, self.settings.chat_template,
+                                    self.target.max_context):
+                pass
 
     def _probe_memory(self, decoders, ids: list[int]) -> None:
         """Each method's peak allocation during a short generation (KV caches and activations; weights apart)."""

@@ -16,11 +16,10 @@ import time
 import pandas as pd
 
 from specbench.config import build
-from specbench.data.prompts import encode_conversation
 from specbench.errors import SpecbenchError
 from specbench.evaluation.methods import build_drafter, drafter_class
 from specbench.evaluation.metrics import decode_tau
-from specbench.evaluation.replay import replay
+from specbench.evaluation.replay import replay_answers
 from specbench.evaluation.run_folder import RECORDS_FILE, read_records
 from specbench.reporting.paper_table import project_path
 from specbench.tasks._common import build_model, run_dir
@@ -32,23 +31,10 @@ def run(cfg) -> pd.DataFrame:
     target = build_model(cfg.model, dtype="float32")
     drafter = build_drafter(cfg.method.drafter, target, build(cfg.tree))
     prompts = {p.question_id: p for p in build(cfg.dataset, num_prompts=None)}  # whichever the run took
-    answers: dict[str, list[str]] = {}
     rows, start = [], time.perf_counter()
-    for record in records:  # in the run's order, as a drafter learning across answers saw them (suffix's global tree)
-        prompt = prompts.get(record["question_id"])
-        if prompt is None:
-            raise SpecbenchError(f"replay.run holds question_id {record['question_id']!r}, which dataset="
-                                 f"{cfg.dataset.name} does not: give the dataset the run answered")
-        earlier = answers.setdefault(record["question_id"], [])
-        if len(earlier) != record["turn"]:
-            continue  # an earlier turn was skipped: the evaluator stopped this conversation there too
-        ids = encode_conversation(target.tokenizer, prompt.turns[: record["turn"] + 1], earlier, target.chat_template)
-        if len(ids) != record["prompt_len"]:
-            raise SpecbenchError(f"replay.run's question {record['question_id']} turn {record['turn']} had a "
-                                 f"{record['prompt_len']}-token prompt, model={cfg.model.name} encodes "
-                                 f"{len(ids)}: give the model (and its chat_template) the run used")
-        out = replay(drafter, ids, record["output_ids"], target.max_context)
-        earlier.append(target.tokenizer.decode(record["output_ids"], skip_special_tokens=True))
+    # in the run's order, as a drafter learning across answers met them (suffix's global tree)
+    for record, out in replay_answers(drafter, records, prompts, target.tokenizer, target.chat_template,
+                                      target.max_context):
         rows.append({"question_id": record["question_id"], "turn": record["turn"], "steps": out.steps,
                      "new_tokens": len(record["output_ids"]), "recorded_steps": record["steps"],
                      "draft_ms": 1e3 * out.draft_s})
