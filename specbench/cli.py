@@ -46,10 +46,27 @@ def main(cfg: DictConfig):
 
 class WritableRunFolder(Callback):
     """Hydra writes .hydra/ and the log into the run (or sweep) folder before any task runs, so a folder that cannot
-    be written would end in Hydra's error dump: checked first, it is one line (conf/config.yaml: hydra.callbacks)."""
+    be written would end in Hydra's error dump: checked first, it is one line (conf/config.yaml: hydra.callbacks).
+    A run folder is also checked to be no other run's (tasks/_common.check_run_folder), and one that already holds
+    .hydra/ keeps it: the command that made the folder, which a resume (or a rerun its settings refuse) would
+    otherwise overwrite."""
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        from omegaconf import read_write
+
+        from specbench.errors import SpecbenchError
+        from specbench.tasks._common import check_run_folder
+
+        folder = Path(config.hydra.run.dir)
+        try:
+            check_run_folder(config, folder, list(config.hydra.overrides.task))
+        except SpecbenchError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            sys.exit(2)
         _writable(config.hydra.run.dir, "hydra.run.dir")
+        if (folder / str(config.hydra.output_subdir) / "config.yaml").exists():
+            with read_write(config.hydra):
+                config.hydra.output_subdir = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         _writable(config.hydra.sweep.dir, "hydra.sweep.dir")

@@ -153,3 +153,53 @@ def test_transformers_notice_about_the_cache_argument_name_stays_off_the_termina
     finally:
         library.removeHandler(handler)
     assert not [r.getMessage() for r in seen if "deprecated" in r.getMessage()]
+
+
+def hydra_run(overrides: list[str], folder: Path):
+    """The run config as Hydra hands it to the run-folder callback, before it writes into hydra.run.dir."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.utils import setup_globals
+
+    from .conftest import CONF
+
+    setup_globals()
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return compose(config_name="config", overrides=[*overrides, f"hydra.run.dir={folder}"],
+                       return_hydra_config=True)
+
+
+def test_no_task_writes_into_another_runs_folder(tmp_path, capsys):
+    """A replay into the run it reads, or any task into a folder holding another task's run: one line before Hydra
+    writes .hydra/ (or the task its files) there. A folder of the same task resumes, keeping the .hydra/ that made it."""
+    from specbench.cli import WritableRunFolder
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "records.jsonl").write_text("")  # an evaluation's folder, as experiments/ keep them (no .hydra/)
+
+    def refusal(overrides, folder):
+        with pytest.raises(SystemExit) as exc:
+            WritableRunFolder().on_run_start(hydra_run(overrides, folder))
+        assert exc.value.code == 2
+        return capsys.readouterr().err.strip()
+
+    assert refusal(["task=replay", "method=pld", f"replay.run={run}"], run) == (
+        f"error: hydra.run.dir={run} is replay.run, the run the replay reads: a replay writes its own summary.csv and "
+        f"replay.csv, which would replace the run's; leave hydra.run.dir out (a new folder under outputs/replay/) or "
+        f"give another")
+    assert refusal(["task=replay", "method=pld", "replay.run=elsewhere"], run) == (
+        f"error: hydra.run.dir={run} holds a finished task=eval run, whose files task=replay would replace: give a "
+        f"new hydra.run.dir (or leave it out for a fresh one)")
+    replayed = tmp_path / "replayed"
+    (replayed / ".hydra").mkdir(parents=True)
+    (replayed / ".hydra" / "config.yaml").write_text("task: replay\n")
+    (replayed / ".hydra" / "overrides.yaml").write_text(f"- task=replay\n- method=pld\n- replay.run={run}\n")
+    assert refusal(["task=replay", "method=sssd", f"replay.run={run}"], replayed).startswith(
+        f"error: hydra.run.dir={replayed} holds a task=replay run of other settings (method=pld replay.run={run} "
+        f"task=replay)")
+    again = hydra_run(["task=replay", f"replay.run={run}", "method=pld"], replayed)  # the same command: rerun
+    WritableRunFolder().on_run_start(again)
+    assert again.hydra.output_subdir is None  # the folder's .hydra/ stays the one that made it
+    resumed = hydra_run(["eval.num_prompts=3"], run)
+    WritableRunFolder().on_run_start(resumed)
+    assert resumed.hydra.output_subdir == ".hydra"  # a new .hydra/ beside the records kept without one
