@@ -186,3 +186,27 @@ def test_medusa2_trains_with_the_adapter_inside_the_artifact(tmp_path, tiny):
     assert meta["arch"]["lora"]["target_modules"][-1] == "down_proj"
     assert any(k.startswith(ADAPTER_PREFIX) and "down_proj.lora_A" in k for k in tensors)
     assert 0.0 <= summary["val/backbone_agreement"] <= 1.0
+
+
+def test_calibrate_a_medusa_of_fewer_heads_and_size_its_tree_from_the_file(tiny, tmp_path):
+    """A 3-head checkpoint without accuracies (as a published one): task=calibrate probes as deep as its heads
+    draft, or says which +calibration.depth to give, and tree=hardware_aware takes the file it wrote."""
+    from specbench.tasks import dispatch
+    from specbench.trees.hardware_aware import HardwareAwarePolicy
+
+    checkpoint = random_medusa_artifact(tmp_path / "m.safetensors", tiny, None)
+    calibrate = ["task=calibrate", "model=tiny_random", "method=medusa", f"method.checkpoint={checkpoint}",
+                 "eval.dtype=float32", "eval.num_prompts=2", "eval.max_new_tokens=8", "+calibration.ranks=3"]
+    with pytest.raises(SpecbenchError, match=r"^calibration.depth=5 is invalid for method=medusa: it drafts at most 3 "
+                                             r"tokens deep, so give \+calibration.depth=3 or less$"):
+        dispatch(compose_cfg([*calibrate, "+calibration.depth=5"], tmp_path))
+    out = dispatch(compose_cfg([*calibrate, f"+calibration.out={tmp_path / 'cal.json'}"], tmp_path))
+    tree = HardwareAwarePolicy(budget=8, accept_prob=str(out))
+    drafter = MedusaDrafter(tiny, tree, str(checkpoint))
+    drafter.fit(lambda n: 5.0 + n)
+    assert len(tree.accept_table) == 3 and 2 <= drafter.tree.budget <= 8
+    deeper = tmp_path / "deeper.json"
+    deeper.write_text('{"accept_prob": [[0.5], [0.5], [0.5], [0.5]]}')
+    with pytest.raises(SpecbenchError, match="tree=hardware_aware may grow 4 tokens deep, but the Medusa checkpoint "
+                                             ".* drafts with 3 heads"):
+        MedusaDrafter(tiny, HardwareAwarePolicy(budget=8, accept_prob=str(deeper)), str(checkpoint))

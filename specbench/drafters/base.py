@@ -8,10 +8,19 @@ from typing import Callable
 
 import torch
 
+from specbench.errors import SpecbenchError
 from specbench.models.loading import LoadedModel
 from specbench.models.shape import ModelShape
 from specbench.trees.token_tree import TokenTree
 from specbench.verification.tree_forward import VerifyOutput
+
+
+class TreeTooDeep(SpecbenchError):
+    """A tree deeper than the drafter drafts (Medusa: one head per depth); deepest: the depth it can."""
+
+    def __init__(self, message: str, deepest: int) -> None:
+        super().__init__(message)
+        self.deepest = deepest
 
 
 @dataclass(frozen=True)

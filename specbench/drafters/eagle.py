@@ -129,7 +129,7 @@ class EagleDrafter(Drafter):
         self.d2t = check_d2t(self.head.d2t.cpu(), self.vocab_size, checkpoint)
         if isinstance(tree, GreedyPolicy):
             accuracy = meta["metrics"].get("rank_accuracy")  # a published checkpoint carries none
-            if accuracy is None and tree.accept_prob is None:
+            if accuracy is None and tree.accept_table is None:
                 raise SpecbenchError(f"checkpoint '{checkpoint}' carries no per-position accuracies for "
                                      f"tree={tree.name}: give tree.accept_prob (a calibration JSON or a preset) or use "
                                      f"tree=dynamic (EAGLE-2's, the default)")

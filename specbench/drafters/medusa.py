@@ -15,12 +15,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from specbench.drafters.base import DrafterCost, DecodeState, Drafter
+from specbench.drafters.base import DrafterCost, DecodeState, Drafter, TreeTooDeep
 from specbench.errors import SpecbenchError
 from specbench.models.loading import LoadedModel
 from specbench.models.artifact import ADAPTER_PREFIX, tuned_backbone
 from specbench.models.published import load_drafter_checkpoint
 from specbench.trees.greedy import GreedyPolicy
+from specbench.trees.hardware_aware import HardwareAwarePolicy
 from specbench.trees.static import StaticPolicy
 from specbench.trees.policy import GrowingTree, TreePolicy
 from specbench.trees.token_tree import TokenTree
@@ -95,16 +96,20 @@ class MedusaDrafter(Drafter):
         self.num_heads = num_heads or arch["num_heads"]
         if isinstance(tree, GreedyPolicy):
             accuracy = meta["metrics"].get("rank_accuracy")  # a published checkpoint carries none
-            if accuracy is None and tree.accept_prob is None:
+            if accuracy is None and tree.accept_table is None:
                 raise SpecbenchError(f"checkpoint '{checkpoint}' carries no per-head accuracies for tree={tree.name}: "
                                      f"give tree.accept_prob (a calibration JSON or a preset, e.g. Medusa's own "
                                      f"medusa_vicuna_7b_accuracies) or use tree=static (Medusa's mc_sim_7b_63)")
             tree = tree.with_accept_prob(accuracy and accuracy[: self.num_heads])
-        if isinstance(tree, StaticPolicy) and tree.depth > self.num_heads:  # greedy's too: caught before decoding
-            raise SpecbenchError(f"tree={tree.name} is {tree.depth} tokens deep, but the Medusa checkpoint "
-                                 f"'{checkpoint}' drafts with {self.num_heads} heads (one per depth); use a tree of "
-                                 f"depth <= {self.num_heads} (tree.accept_prob with {self.num_heads} rows, or "
-                                 f"tree.choices)")
+        depth = tree.depth if isinstance(tree, StaticPolicy) else 0  # greedy's too: caught before decoding
+        if isinstance(tree, HardwareAwarePolicy):  # unfitted: as deep as its calibration's rows may take it
+            depth = max(depth, len(tree.accept_table or []))
+        if depth > self.num_heads:
+            grows = "may grow" if isinstance(tree, HardwareAwarePolicy) else "is"
+            raise TreeTooDeep(f"tree={tree.name} {grows} {depth} tokens deep, but the Medusa checkpoint '{checkpoint}' "
+                              f"drafts with {self.num_heads} heads (one per depth); use a tree of depth <= "
+                              f"{self.num_heads} (tree.accept_prob with {self.num_heads} rows, or tree.choices)",
+                              self.num_heads)
         self.tree = tree
         self._probs: torch.Tensor | None = None
 

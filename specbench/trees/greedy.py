@@ -111,6 +111,11 @@ class GreedyPolicy(StaticPolicy):
         super().__init__(choices=choices)
         log.info("greedy tree: %d nodes, expected tau %.3f", budget, self.expected_tau)
 
+    @property
+    def accept_table(self) -> list[list[float]] | None:
+        """The calibration given in the config (None: the drafter's own)."""
+        return self.accept_prob
+
     def with_accept_prob(self, accept_prob) -> "GreedyPolicy":
         """This budget over the given calibration (kept when the run's tree.accept_prob is set)."""
         return self if self.accept_prob is not None else GreedyPolicy(self.budget, accept_prob)
