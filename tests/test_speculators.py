@@ -227,3 +227,28 @@ def test_what_has_no_speculators_form_is_one_error_line(tmp_path, target):
         dispatch(compose_cfg(["task=export", "method=eagle", "model=tiny_random"], tmp_path))
     with pytest.raises(SpecbenchError, match="not method=medusa"):
         dispatch(compose_cfg(["task=export", "method=medusa", "model=tiny_random", "export.out=x"], tmp_path))
+
+
+def test_an_export_never_replaces_the_checkpoint_it_reads_nor_another_folders_files(tmp_path):
+    """export.out the folder method.checkpoint reads (a float32 export converted to bfloat16 in place), or a folder
+    holding a Medusa checkpoint: one line before the model loads, every file as it was; an earlier export is replaced."""
+    from .conftest import random_medusa_artifact
+
+    target = tiny_random(num_layers=8)
+    out = export(tmp_path, trained_eagle3_artifact(tmp_path / "eagle.safetensors", target), tmp_path / "fp32")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(SpecbenchError, match=r"holds method.checkpoint=.* the head being exported, which the export "
+                                             r"would replace: give export.out a new or empty folder"):
+        export(tmp_path, out, out, "export.dtype=bfloat16")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    medusa = tmp_path / "medusa"
+    random_medusa_artifact(medusa / "medusa.safetensors", target, [[0.5]] * 3)
+    (medusa / "config.json").write_text('{"medusa_num_heads": 3}')
+    kept = {p.name: p.read_bytes() for p in medusa.iterdir()}
+    with pytest.raises(SpecbenchError, match=r"already holds config.json, medusa.json, medusa.safetensors, which an "
+                                             r"export .* would replace or mix with"):
+        export(tmp_path, out, medusa)
+    assert {p.name: p.read_bytes() for p in medusa.iterdir()} == kept
+    again = export(tmp_path, out, tmp_path / "copy")  # an earlier export's folder is replaced
+    assert export(tmp_path, out, again, "export.dtype=bfloat16") == again
+    assert load_file(str(again / "model.safetensors"))["fc.weight"].dtype == torch.bfloat16

@@ -15,7 +15,8 @@ from pathlib import Path
 
 from specbench.drafters.eagle import load_eagle_head
 from specbench.errors import SpecbenchError
-from specbench.models.published import save_speculators
+from specbench.models.artifact import resolve_checkpoint
+from specbench.models.published import check_export_folder, save_speculators
 from specbench.tasks._common import build_model
 
 
@@ -27,6 +28,7 @@ def run(cfg) -> Path:
     if not settings.out:
         raise SpecbenchError("export.out is not set: give export.out=DIR, the folder to write the speculators "
                              "checkpoint into")
+    check_export_folder(Path(settings.out), resolve_checkpoint(str(cfg.method.checkpoint)))  # before the model loads
     target = build_model(cfg.model, dtype="float32")
     head, _ = load_eagle_head(target, cfg.method.checkpoint)
     verifier = settings.verifier or default_verifier(target)

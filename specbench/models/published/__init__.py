@@ -15,7 +15,8 @@ from specbench.models.published.eagle import eagle_checkpoint, published_eagle_h
 from specbench.models.published.files import LAYOUTS, find_published, resolve
 from specbench.models.published.medusa import medusa_checkpoint
 from specbench.models.published.ppd import ppd_checkpoint
-from specbench.models.published.speculators import is_speculators, save_speculators, speculators_checkpoint
+from specbench.models.published.speculators import (check_export_folder, is_speculators, save_speculators,
+                                                    speculators_checkpoint)
 
 
 def _eagle(ckpt, target):
@@ -25,7 +26,7 @@ def _eagle(ckpt, target):
 
 CONVERTERS = {"medusa": medusa_checkpoint, "eagle": _eagle, "ppd": ppd_checkpoint}
 
-__all__ = ["LAYOUTS", "load_drafter_checkpoint", "published_eagle_head", "save_speculators"]
+__all__ = ["LAYOUTS", "check_export_folder", "load_drafter_checkpoint", "published_eagle_head", "save_speculators"]
 
 
 def load_drafter_checkpoint(path, method: str, target) -> tuple[dict, dict]:

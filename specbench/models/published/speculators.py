@@ -21,14 +21,18 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import tempfile
 from pathlib import Path
 
 import torch
 import transformers
+from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import LlamaConfig
 
 from specbench.errors import SpecbenchError
+from specbench.files import write_atomic
 from specbench.models.published.eagle import (Eagle3Head, check_embedding, draft_ids, eagle3_key, eagle3_layers)
 from specbench.models.published.files import Published, check_base_model
 
@@ -37,6 +41,8 @@ VERSION = "0.9.0"  # the speculators release whose format this module reads and 
 DRAFT_VOCAB_DEFAULT = 32000  # Eagle3SpeculatorConfig's draft_vocab_size when a config omits it
 UNSUPPORTED = ("norm_before_fc", "fc_norm")  # norms over the fused features that Eagle3Head does not have
 EXPORT_DTYPES = ("bfloat16", "float16", "float32")
+EXPORT_FILES = ("config.json", "model.safetensors")  # what an export writes: the only files an earlier one leaves
+EXPORT_MARK = {"written_by": "specbench task=export"}  # in the weights' metadata: an earlier export, safe to replace
 
 
 def is_speculators(config: dict) -> bool:
@@ -134,9 +140,7 @@ def save_speculators(folder: str | Path, head, target, verifier: str, dtype: str
     if dtype not in EXPORT_DTYPES:
         raise SpecbenchError(f"export.dtype={dtype!r} is invalid: use one of {', '.join(EXPORT_DTYPES)}")
     folder = Path(folder).expanduser()
-    if folder.exists() and not folder.is_dir():
-        raise SpecbenchError(f"export.out='{folder}' is a file; give a folder to write config.json and "
-                             f"model.safetensors into")
+    check_export_folder(folder)
     tcfg, cast = target.model.config, getattr(torch, dtype)
     layers, num_layers = list(head.layers), tcfg.num_hidden_layers
     if len(set(layers)) != len(layers) or not all(0 <= i < num_layers for i in layers):
@@ -185,10 +189,44 @@ def save_speculators(folder: str | Path, head, target, verifier: str, dtype: str
         "transformers_version": transformers.__version__,
     }
     folder.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"),
-              metadata={"format": "pt"})
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".model.", suffix=".safetensors.tmp")  # replaced whole, as below
+    os.close(fd)
+    try:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata={"format": "pt", **EXPORT_MARK})
+        os.replace(tmp, folder / "model.safetensors")
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    write_atomic(folder / "config.json", json.dumps(config, indent=2) + "\n")
     return folder
+
+
+def check_export_folder(folder: Path, checkpoint: str | Path | None = None) -> None:
+    """export.out, before anything loads: a folder to create, an empty one, or an earlier export (EXPORT_FILES, its
+    weights marked as this function's), which is replaced; never the checkpoint being exported (a float32 head would
+    become its bfloat16 copy) nor a folder holding other files (another checkpoint's config.json would be lost)."""
+    folder = Path(folder).expanduser()
+    if folder.exists() and not folder.is_dir():
+        raise SpecbenchError(f"export.out='{folder}' is a file; give a folder to write config.json and "
+                             f"model.safetensors into")
+    source = Path(checkpoint).expanduser().resolve() if checkpoint else None
+    if source is not None and (source == folder.resolve() or folder.resolve() in source.parents):
+        raise SpecbenchError(f"export.out='{folder}' holds method.checkpoint='{checkpoint}', the head being exported, "
+                             f"which the export would replace: give export.out a new or empty folder")
+    files = sorted(p.name for p in folder.iterdir()) if folder.is_dir() else []
+    if files and not (set(files) <= set(EXPORT_FILES) and _exported(folder / "model.safetensors")):
+        shown = ", ".join(files[:4]) + (f" and {len(files) - 4} more" if len(files) > 4 else "")
+        raise SpecbenchError(f"export.out='{folder}' already holds {shown}, which an export (config.json, "
+                             f"model.safetensors) would replace or mix with: give export.out a new or empty folder "
+                             f"(an earlier export there is replaced)")
+
+
+def _exported(path: Path) -> bool:
+    """Whether the weights file is one save_speculators wrote (its safetensors metadata says so)."""
+    try:
+        with safe_open(str(path), "pt") as fh:
+            return (fh.metadata() or {}).items() >= EXPORT_MARK.items()
+    except Exception:  # noqa: BLE001  (absent, cut short or no safetensors at all: not an export of ours)
+        return False
 
 
 def _speculators_key(key: str) -> str:
