@@ -155,6 +155,32 @@ def test_transformers_notice_about_the_cache_argument_name_stays_off_the_termina
     assert not [r.getMessage() for r in seen if "deprecated" in r.getMessage()]
 
 
+def test_the_printed_table_says_how_many_prompts_were_skipped_and_why(tmp_path, capsys):
+    from specbench.tasks import eval as eval_task
+
+    data = tmp_path / "long.jsonl"
+    rows = [{"question_id": "long", "category": "x", "turns": ["word " * 200]},
+            {"question_id": "short", "category": "x", "turns": ["hi"]}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    eval_task.run(compose_cfg([*TINY, "model.max_context=64", "dataset=jsonl", f"dataset.path={data}",
+                               "eval.num_prompts=2"], tmp_path / "run"))
+    assert ("skipped: 1 prompt(s) with no room to answer in the model's context of 64 tokens, left out of every "
+            "column above (skipped_prompts in summary.csv)") in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("load", [0.1, 50.0])
+def test_timings_made_on_a_busy_machine_carry_a_notice(load, tmp_path, capsys, monkeypatch):
+    """The load average as each answer is recorded (records' load_1min) decides, by the machine profile's rule."""
+    from specbench.tasks import eval as eval_task
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    summary = eval_task.run(compose_cfg([*TINY, "eval.num_prompts=2"], tmp_path / "run"))
+    assert (summary["load_1min_max"] == load).all()
+    notice = (f"notice: timings were made on a busy machine (1-min load up to 50.0 on {os.cpu_count()} CPUs while "
+              f"decoding): other work shared the CPU, so tokens/s and speedups may be off; rerun on a quiet machine")
+    assert (notice in capsys.readouterr().out) == (load == 50.0)
+
+
 def hydra_run(overrides: list[str], folder: Path):
     """The run config as Hydra hands it to the run-folder callback, before it writes into hydra.run.dir."""
     from hydra import compose, initialize_config_dir

@@ -6,6 +6,7 @@ load. It appends one record per prompt, turn and method, and the records become 
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,12 @@ class MethodRun:
     target: LoadedModel | None = None  # None: the run's target; a baseline in another dtype brings its own copy
     reference: str | None = None  # the label of its lossless reference, when not the plain decoding of the target
     engine: Engine | None = None  # an engine row (evaluation/engines.py): it decodes the prompts itself
+
+
+def load_1min() -> float | None:
+    """The machine's 1-minute load average as a prompt's answer is recorded: other work sharing the CPU shows in it
+    (metrics.busy_note); None where the OS keeps none."""
+    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
 
 
 class Evaluator:
@@ -171,7 +178,7 @@ class Evaluator:
     def _append(self, run: MethodRun, prompt: Prompt, turn: int, fields: dict) -> dict:
         record = {"method": run.label, "method_name": run.method_name, "question_id": prompt.question_id,
                   "turn": turn, "category": prompt.category, **fields, "settings_hash": run.settings_hash,
-                  **self.provenance}
+                  **self.provenance, "load_1min": load_1min()}
         if run.target is not None:
             record["dtype"] = str(run.target.model.dtype).removeprefix("torch.")
             record["backend"] = run.target.backend

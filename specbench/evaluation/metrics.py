@@ -29,6 +29,7 @@ the model's context, so their answers may stop early.
 from __future__ import annotations
 
 import math
+import os
 import warnings
 from dataclasses import replace
 
@@ -38,6 +39,7 @@ from scipy import stats
 
 from specbench.drafters.base import DrafterCost
 from specbench.errors import SpecbenchError
+from specbench.hardware.measured.machine_profile import busy
 
 BASELINE = "autoregressive"
 EAGER_REFERENCE = f"{BASELINE}@eager"  # eval.eager_reference: plain decoding on transformers' eager forward
@@ -202,6 +204,7 @@ def summarize(records: pd.DataFrame, latency_profile: pd.DataFrame | None = None
             "lossless_rule": bool(grp["lossless_rule"].iloc[0]),
             "per_depth_acceptance": per_depth_acceptance(grp),
             "skipped_prompts": int(skipped_by_method.get(method, 0)),
+            "load_1min_max": grp["load_1min"].max() if "load_1min" in grp else math.nan,  # busy_note
             "cut_by_context": int((grp["prompt_len"] + max_new_tokens > max_context).sum())
             if max_context and max_new_tokens else 0,
             **_headline(grp, plain, base, rates, plain_weights, fastest_any),
@@ -209,6 +212,26 @@ def summarize(records: pd.DataFrame, latency_profile: pd.DataFrame | None = None
             **{k: grp[k].iloc[0] for k in PROVENANCE if k in grp},
         })
     return pd.DataFrame(rows)
+
+
+def skipped_note(summary: pd.DataFrame, max_context: int) -> str | None:
+    """The line under the printed table for prompts skipped as too long for the context: no column counts them."""
+    counts = summary.set_index("method")["skipped_prompts"] if "skipped_prompts" in summary else pd.Series()
+    if not counts.any():
+        return None
+    told = str(counts.max()) if counts.nunique() == 1 else ", ".join(f"{m} {n}" for m, n in counts.items() if n)
+    return (f"skipped: {told} prompt(s) with no room to answer in the model's context of {max_context} tokens, left "
+            f"out of every column above (skipped_prompts in summary.csv)")
+
+
+def busy_note(summary: pd.DataFrame) -> str | None:
+    """A notice when the load average while decoding shows other work on the CPU (machine_profile.busy's rule):
+    then every timing above shared the machine."""
+    load, cpus = summary.get("load_1min_max", pd.Series(dtype=float)).max(), os.cpu_count() or 1
+    if not busy({"loadavg_1min": [load if pd.notna(load) else 0.0], "cpus": cpus}):
+        return None
+    return (f"notice: timings were made on a busy machine (1-min load up to {load:.1f} on {cpus} CPUs while "
+            f"decoding): other work shared the CPU, so tokens/s and speedups may be off; rerun on a quiet machine")
 
 
 def _fastest(rates: dict[str, float], weights: dict[str, str] | None = None, of: str | None = None) -> str | None:

@@ -16,7 +16,7 @@ from specbench.config import build
 from specbench.drafters.autoregressive import AutoregressiveDrafter
 from specbench.drafters.base import Drafter
 from specbench.evaluation.engines import print_engines, with_agreement
-from specbench.evaluation.metrics import BASELINE, decoded, summarize
+from specbench.evaluation.metrics import BASELINE, busy_note, decoded, skipped_note, summarize
 from specbench.evaluation.plan import Plan
 from specbench.evaluation.quality import with_quality
 from specbench.hardware.measured.profiler import latency_profile
@@ -46,6 +46,8 @@ def summarise(cfg, plan: Plan, hw: HardwareSpec, records: pd.DataFrame, drafters
     plots = save_plots(decoded(records), summary, out / "plots", profile)
     log_run(build(cfg.logger) if cfg.get("logger") else None, cfg, summary, plots, out / "records.jsonl")
     print_table(summary)
+    for line in filter(None, [skipped_note(summary, target.max_context), busy_note(summary)]):
+        print(line)
     print_engines(summary)
     _note_cut(decoded(records), cfg.eval.max_new_tokens, target.max_context)
     print(f"run folder: {out}")
