@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache
 
 from specbench.acceptance.base import AcceptanceRule
 from specbench.sampling import SamplingParams
@@ -17,7 +16,7 @@ from specbench.drafters.base import DecodeState, Drafter, StepOutcome
 from specbench.errors import SpecbenchError
 from specbench.timing import StepTimer
 from specbench.trees.token_tree import TokenTree
-from specbench.verification import VerifyOutput, cache_bytes, commit_path, verify_tree
+from specbench.verification import VerifyOutput, cache_bytes, commit_path, new_cache, verify_tree
 
 
 @dataclass
@@ -70,7 +69,7 @@ class Decoder:
         self._check_prompt(prompt_ids)
         prompt_len = len(prompt_ids)
         generator = torch.Generator().manual_seed(self.seed)
-        cache = DynamicCache(config=self.model.config)  # every layer up front: a compiled forward sees one cache
+        cache = new_cache(self.model)
         want_hidden = self.drafter.needs_hidden_states
 
         timer = self.timer

@@ -11,6 +11,8 @@
   removes most of a small model's per-layer host and small-op time (norms, rotary, residual adds fused into a few
   kernels). Compile time is paid on the first forwards and reported apart (`compile_seconds`); inductor caches
   compiled graphs across processes.
+- `graphs`: the forward over a static KV cache, captured as one CUDA graph per row bucket and replayed
+  (execution/graphs.py): a step is one graph launch, not a few hundred kernel launches from Python. CUDA only.
 
 `auto` is not a backend: the evaluator resolves it from the machine profile (hardware/measured/machine_profile.py).
 """
@@ -25,11 +27,11 @@ import torch
 from torch import nn
 
 from specbench.errors import SpecbenchError
-from specbench.execution import openvino
+from specbench.execution import graphs, openvino
 from specbench.execution.linears import fuse_projections, replace_linears
 from specbench.models.loading import LoadedModel
 
-BACKENDS = ("eager", "prepacked", "compile", "openvino")
+BACKENDS = ("eager", "prepacked", "compile", "openvino", graphs.GRAPHS)
 OPENVINO = "openvino"
 AUTO = "auto"
 # keys of a `model` config that say how the loaded model runs: the task applies them after loading (and after the
@@ -56,6 +58,8 @@ def supported(backend: str, dtype: torch.dtype, device: torch.device) -> str | N
     check_backend(backend)
     if backend == OPENVINO:
         return openvino.unsupported(dtype, device)
+    if backend == graphs.GRAPHS:
+        return graphs.unsupported(device)
     if backend == "prepacked":
         if device.type != "cpu":
             return "prepacked oneDNN linears are a CPU backend"
@@ -114,6 +118,8 @@ def with_backend(target: LoadedModel, backend: str, fuse: bool = True) -> Loaded
                              f"another dtype")
     if backend == "prepacked":
         model = _prepacked(model, fuse)
+    elif backend == graphs.GRAPHS:
+        model = graphs.with_graphs(model)
     else:
         model = _compiled(model, weight.device)
     return dataclasses.replace(target, model=model, backend=backend)

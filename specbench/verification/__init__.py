@@ -2,8 +2,8 @@
 
 from specbench.verification.batch_forward import (batch_tree_mask, commit_batch, keep_sequences, prefill_batch,
                                                   verify_batch)
-from specbench.verification.kv_cache import cache_bytes, commit_path
+from specbench.verification.kv_cache import cache_bytes, commit_path, new_cache
 from specbench.verification.tree_forward import VerifyOutput, tree_attention_mask, verify_tree
 
 __all__ = ["VerifyOutput", "batch_tree_mask", "cache_bytes", "commit_batch", "commit_path", "keep_sequences",
-           "prefill_batch", "tree_attention_mask", "verify_batch", "verify_tree"]
+           "new_cache", "prefill_batch", "tree_attention_mask", "verify_batch", "verify_tree"]

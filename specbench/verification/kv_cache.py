@@ -1,13 +1,26 @@
-"""Commit an accepted path into a transformers DynamicCache.
+"""The KV cache a decode runs on, and an accepted path committed into it.
 
 A tree's accepted path is not a prefix of the tree's rows, so `DynamicCache.crop` alone cannot express it: the kept
 rows move up into place along the sequence axis of every layer (transformers has no public API for a gather), then
-the cache is cropped.
+the cache is cropped. A static cache (the graphs backend's SlotCache) commits by index into its own blocks.
 """
 
 from __future__ import annotations
 
 import torch
+from transformers import DynamicCache
+
+from specbench.execution.graphs import StaticForward
+from specbench.execution.static_cache import SlotCache
+
+
+def new_cache(model):
+    """The cache a decode of `model` starts from: its own static cache under the graphs backend (captured forwards
+    read it at fixed addresses), else a DynamicCache with every layer up front (a compiled forward sees one cache)."""
+    forward = getattr(model, "forward", None)
+    if isinstance(forward, StaticForward):
+        return forward.new_cache()
+    return DynamicCache(config=model.config)
 
 
 def commit_path(cache, past_len: int, path: list[int]) -> None:
@@ -16,6 +29,9 @@ def commit_path(cache, past_len: int, path: list[int]) -> None:
     The path's rows are written over the rows after past_len in place, so a commit costs the kept rows, not the whole
     cache: a gather of every position (index_select) copied the whole cache at every step (11.5 MB for SmolLM2 at
     250 tokens), and a cache kept in a backend's own memory (execution/openvino/) then had to be copied in again."""
+    if isinstance(cache, SlotCache):
+        cache.commit(past_len, path)
+        return
     keep = past_len + len(path)
     if path != list(range(len(path))):
         index = past_len + torch.tensor(path, dtype=torch.long)

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 import pandas as pd
 import torch
 from tqdm.auto import tqdm
-from transformers import DynamicCache
 
 from specbench.hardware.modelled.roofline import roofline_step_time
 from specbench.hardware.modelled.spec import HardwareSpec
@@ -21,7 +20,7 @@ from specbench.execution.quantize import quantised_linear
 from specbench.execution.quantize import supported as weights_supported
 from specbench.models.shape import ModelShape, bytes_per
 from specbench.trees.token_tree import TokenTree
-from specbench.verification import verify_tree
+from specbench.verification import new_cache, verify_tree
 
 
 @torch.inference_mode()
@@ -42,7 +41,7 @@ def latency_profile(model, sizes=(1, 2, 4, 8, 16, 32, 64), context: int | Sequen
 def _at_context(model, sizes, context: int, repeats: int, statistic: str) -> pd.DataFrame:
     vocab = model.config.get_text_config().vocab_size
     gen = torch.Generator().manual_seed(0)
-    cache = DynamicCache()
+    cache = new_cache(model)  # the execution's own (a static one under the graphs backend)
     model(input_ids=torch.randint(0, vocab, (1, context), generator=gen, device="cpu").to(model.device),
           past_key_values=cache, use_cache=True)
     sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
