@@ -67,7 +67,8 @@ def fake(monkeypatch):
 def test_engine_rows_decode_beside_the_methods_and_report_their_agreement(tmp_path, fake, capsys):
     cfg = compose_cfg([*FAST, "eval.engines=[fake,fake:lossy]", "eval.engine_options.threads=3"], tmp_path)
     summary = eval_task.run(cfg).set_index("method")
-    first_table = capsys.readouterr().out.split("speedup: ratio of means")[0]
+    out = capsys.readouterr().out
+    first_table = out.split("speedup: ratio of means")[0]
     rows = [line.split() for line in first_table.splitlines() if line.split()[:1] in (["fake"], ["fake:lossy"])]
     assert [row[1] for row in rows] == ["fake/F4", "fake/F4"]  # an engine's execution: the engine and its weights
     assert list(summary.index) == ["autoregressive", "pld", "fake", "fake:lossy"]
@@ -78,6 +79,13 @@ def test_engine_rows_decode_beside_the_methods_and_report_their_agreement(tmp_pa
     assert summary.loc["fake", "engine_version"] == "1.0"
     assert (summary.loc["fake", "weights"], summary.loc["fake", "threads"]) == ("F4", 3)
     assert summary.loc["pld", "agreement"] != summary.loc["pld", "agreement"]  # methods have lossless_match instead
+    # every row is also judged against the fastest engine's plain decoding (fake; fake:lossy is no plain decoding)
+    assert (summary["fastest_engine"] == "fake").all()
+    assert summary.loc["fake", "speedup_engine"] == pytest.approx(1.0)
+    pld, fake = (summary.loc[m] for m in ("pld", "fake"))
+    assert pld["decode_speedup_engine"] == pytest.approx(pld["decode_tokens_per_s"] / fake["decode_tokens_per_s"])
+    assert pld["speedup_engine_ci_low"] <= pld["speedup_engine"] <= pld["speedup_engine_ci_high"]
+    assert "vs engine (decode)" in first_table and "against the fastest engine's plain decoding (fake)" in out
     records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
     order = [r["method"] for r in records]
     assert order[:4] == ["autoregressive", "pld", "fake", "fake:lossy"]  # interleaved per prompt

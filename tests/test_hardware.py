@@ -19,7 +19,8 @@ from specbench.drafters.base import DrafterCost
 from specbench.errors import SpecbenchError
 from specbench.hardware.measured import machine_profile, with_measurements
 from specbench.hardware.measured.machine import fingerprint
-from specbench.hardware.measured.machine_profile import MachineProfile, choose_execution, load_or_measure_profile
+from specbench.hardware.measured.choice import choose_execution
+from specbench.hardware.measured.machine_profile import MachineProfile, load_or_measure_profile
 from specbench.hardware.modelled import ghidorah, llmcad
 from specbench.hardware.modelled.ops import op_costs, roofline_ops
 from specbench.hardware.modelled.roofline import project, roofline_step_time, sssd_free_budget
@@ -370,10 +371,15 @@ def test_task_profile_writes_the_table_and_plot(tmp_path, cache, capsys, monkeyp
     errors = task.run(cfg)
     assert {"ms", "roofline_ms", "bound_ms", "error_pct"} <= set(errors.columns)
     assert (errors["bound_ms"] < errors["roofline_ms"]).all()  # the fixed per-layer cost is left out of the bound
-    for name in ("machine_profile.json", "profile_vs_roofline.csv", "profile_vs_roofline.png", "weight_streaming.csv"):
+    for name in ("machine_profile.json", "profile_vs_roofline.csv", "profile_vs_roofline.png", "weight_streaming.csv",
+                 "row_invariance.csv"):
         assert (tmp_path / "run" / name).exists()
     assert set(errors["backend"]) == {"eager", "prepacked"}  # the asked backend beside the eager reference
-    assert "choose_execution(tree_size=8)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "choose_execution(tree_size=8)" in out
+    checks = pd.read_csv(tmp_path / "run" / "row_invariance.csv").set_index("execution")
+    assert set(checks.index) == {"eager/float32", "prepacked/float32"} and (checks["rows"] > 0).all()
+    assert "row check: each execution's verify rows" in out
 
 
 def test_task_hardware_on_jetson(tmp_path, cache, capsys):

@@ -13,16 +13,11 @@ from omegaconf import OmegaConf
 
 from specbench.errors import SpecbenchError
 from specbench.files import write_atomic
-from specbench.hardware.measured import machine_profile
+from specbench.hardware.measured import cache, machine_profile, peaks
 from specbench.hardware.measured.machine import fingerprint
-from specbench.hardware.measured.machine_profile import (
-    MEASURED_BY,
-    MachineProfile,
-    code_digest,
-    load_or_measure_profile,
-    measured_peaks,
-    profile_path,
-)
+from specbench.hardware.measured.machine_profile import MachineProfile, load_or_measure_profile, profile_path
+from specbench.hardware.measured.peaks import measured_peaks
+from specbench.models.loading import cache_root
 
 PEAKS = {"peak_tflops": {"float32": 0.2}, "mem_bandwidth_gbs": 40.0, "layer_overhead_ms": 0.1, "memory_gb": 16.0}
 SIZES, CONTEXTS = [1, 4], [8, 16]
@@ -124,7 +119,7 @@ def test_a_run_that_asks_for_more_executions_measures_only_the_new_ones(tiny, me
         frame = fake_latency(model, sizes, contexts, repeats, statistic)
         return frame.assign(ms=frame["ms"] * 3) if any(isinstance(m, PackedLinear) for m in model.modules()) else frame
 
-    monkeypatch.setenv("SPECBENCH_CACHE", str(machine_profile.cache_root() / "other"))
+    monkeypatch.setenv("SPECBENCH_CACHE", str(cache_root() / "other"))
     monkeypatch.setattr(machine_profile, "latency_profile", lambda *a, **k: measuring.append(a) or slow_packed(*a, **k))
     profile = load_or_measure_profile(tiny, dtypes=["float32"], sizes=SIZES, contexts=CONTEXTS, repeats=1,
                                       backends=["eager", "prepacked"])
@@ -192,7 +187,7 @@ def test_a_json_that_is_not_an_object_is_measured_again(tiny, measuring, capsys)
 
 def test_peaks_skip_a_bad_cached_file_and_are_measured_again(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
-    monkeypatch.setattr(machine_profile, "measure_peaks", lambda device: PEAKS)
+    monkeypatch.setattr(peaks, "measure_peaks", lambda device: PEAKS)
     path = tmp_path / "profiles" / f"{fingerprint()}-cpu-peaks.json"
     path.parent.mkdir()
     path.write_text('{"peaks": {"peak_tflops": {"float32": 0.2}, "mem_bandw')
@@ -282,23 +277,30 @@ def test_monotone_measurements_are_read_as_before():
     assert math.isclose(p.latency_ms("float32", 1, 128), 53.28)
 
 
-def test_a_profile_cached_by_other_measuring_code_is_not_read(tmp_path):
-    """The cache name holds a digest of the code that runs and times the forwards: after a change to a backend (a
-    compiled forward that now freezes its weights), the old profile's numbers are not what this code gives."""
-    source = tmp_path / "backend.py"
-    source.write_text("freeze = False\n")
-    before = code_digest([source])
-    source.write_text("freeze = True\n")
-    assert code_digest([source]) != before
-    assert code_digest() == code_digest([m.__file__ for m in MEASURED_BY])
-    assert code_digest() in profile_path("m", "cpu").name
-    assert machine_profile.backends in MEASURED_BY and machine_profile.profiler in MEASURED_BY
+def test_a_profile_is_named_by_declared_versions_so_a_comment_leaves_it_valid(tmp_path, monkeypatch):
+    """The cache name holds the measuring key: MEASURING_VERSION and the measured libraries' versions. Editing a
+    measured module's comments (its source bytes) leaves a machine's cached profile valid; bumping the version or
+    another library version names another file, measured anew."""
+    from specbench.execution import backends
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
+    before = profile_path("m", "cpu")
+    edited = tmp_path / "backends.py"
+    edited.write_text(open(backends.__file__).read() + "\n# a comment\n")
+    monkeypatch.setattr(backends, "__file__", str(edited))
+    assert profile_path("m", "cpu") == before
+    monkeypatch.setattr(cache, "MEASURING_VERSION", cache.MEASURING_VERSION + 1)
+    bumped = profile_path("m", "cpu")
+    assert bumped != before
+    real = cache.metadata.version
+    monkeypatch.setattr(cache.metadata, "version", lambda name: "0.0" if name == "torch" else real(name))
+    assert profile_path("m", "cpu") not in (before, bumped)
 
 
 def test_peaks_are_read_from_a_cached_model_profile_whatever_code_measured_it(tmp_path, monkeypatch):
     """Peaks are the machine's: a model's cached profile (named with a code digest) serves them without measuring."""
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path))
-    monkeypatch.setattr(machine_profile, "measure_peaks", lambda device: pytest.fail("measured again"))
+    monkeypatch.setattr(peaks, "measure_peaks", lambda device: pytest.fail("measured again"))
     path = profile_path("m", "cpu").with_name(f"{fingerprint()}-0123456789-cpu-m.json")  # another code version
     path.parent.mkdir()
     path.write_text(json.dumps({"peaks": PEAKS}))

@@ -12,7 +12,9 @@ beats a slow baseline must not look like a win), on the prompts both decoded; sp
 bootstrap interval of that ratio (prompts resampled with their pairs kept, scipy's BCa). Every paper, Spec-Bench and
 vLLM compare speculation with plain decoding of the same model; a quantised model answers differently, so it is
 another axis: speedup_any (with speedup_any_ci_low/high) is the same ratio against the fastest plain decoding of ANY
-weights (`fastest_ar_any`), beside the headline (quality.py adds that execution's pass@1 delta where measured).
+weights (`fastest_ar_any`), beside the headline (quality.py adds that execution's pass@1 delta where measured), and
+speedup_engine (decode_speedup_engine: decode tokens/s alone) against the fastest engine's plain decoding in the run
+(`fastest_engine`: llama.cpp, OpenVINO GenAI, ...), what a user would deploy instead.
 A mean of per-prompt ratios weighs a short prompt's ratio as much as a long one's and can reverse the verdict (a 0.84
 ratio of means read 1.06), so it is only a secondary column: speedup_mean_of_ratios, beside speedup_geomean (the geometric
 mean of the per-prompt ratios). speedup_vs_baseline: the ratio of means against plain decoding on the run's own
@@ -38,6 +40,7 @@ import pandas as pd
 from scipy import stats
 
 from specbench.drafters.base import DrafterCost
+from specbench.engines.base import PLAIN
 from specbench.errors import SpecbenchError
 from specbench.hardware.measured.machine_profile import busy
 
@@ -149,6 +152,9 @@ def summarize(records: pd.DataFrame, latency_profile: pd.DataFrame | None = None
     rates = {label: _tokens_per_s(g) for label, g in plain.groupby("method")}
     plain_weights = {label: _weights(g) for label, g in plain.groupby("method")}
     fastest_any = _fastest(rates)
+    engine_plain = records[records["engine_mode"] == PLAIN] if "engine_mode" in records else records.iloc[:0]
+    engine_rates = {label: _tokens_per_s(g) for label, g in engine_plain.groupby("method")}
+    fastest_engine = _fastest(engine_rates)
     base_tps = _tokens_per_s(base)
     base_step = _mean_step(base)
     eager = records[records["method"] == EAGER_REFERENCE]
@@ -208,6 +214,7 @@ def summarize(records: pd.DataFrame, latency_profile: pd.DataFrame | None = None
             "cut_by_context": int((grp["prompt_len"] + max_new_tokens > max_context).sum())
             if max_context and max_new_tokens else 0,
             **_headline(grp, plain, base, rates, plain_weights, fastest_any),
+            **_against_engine(grp, engine_plain, fastest_engine),
             **_distribution_check(grp, base),
             **{k: grp[k].iloc[0] for k in PROVENANCE if k in grp},
         })
@@ -255,6 +262,20 @@ def _headline(grp: pd.DataFrame, plain: pd.DataFrame, base: pd.DataFrame, rates:
     return {"fastest_ar": same, **paired_speedup(grp, against[same]), "fastest_ar_any": fastest_any,
             "speedup_any": anyw["speedup"], "speedup_any_ci_low": anyw["speedup_ci_low"],
             "speedup_any_ci_high": anyw["speedup_ci_high"]}
+
+
+def _against_engine(grp: pd.DataFrame, engine_plain: pd.DataFrame, fastest: str | None) -> dict:
+    """speedup_engine (its CI) and decode_speedup_engine: the method against the fastest engine's plain decoding in
+    the run (fastest_engine), total and decode-only tokens/s: a speedup over a slow plain step cannot pass as a
+    result beside what users deploy. NaN where no engine's plain decoding ran."""
+    if fastest is None:
+        return {"fastest_engine": math.nan, "speedup_engine": math.nan, "speedup_engine_ci_low": math.nan,
+                "speedup_engine_ci_high": math.nan, "decode_speedup_engine": math.nan}
+    ref = engine_plain[engine_plain["method"] == fastest]
+    paired = paired_speedup(grp, ref)
+    return {"fastest_engine": fastest, "speedup_engine": paired["speedup"],
+            "speedup_engine_ci_low": paired["speedup_ci_low"], "speedup_engine_ci_high": paired["speedup_ci_high"],
+            "decode_speedup_engine": _decode_tokens_per_s(grp) / _decode_tokens_per_s(ref)}
 
 
 def _distribution_check(grp: pd.DataFrame, base: pd.DataFrame) -> dict:

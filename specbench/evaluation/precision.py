@@ -13,13 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specbench.errors import SpecbenchError
-from specbench.hardware.measured.machine_profile import (
-    MachineProfile,
-    choose_execution,
-    fastest_plain,
-)
+from specbench.hardware.measured.choice import choose_execution, fastest_plain
+from specbench.hardware.measured.machine_profile import MachineProfile
 from specbench.execution.backends import AUTO, check_backend
-from specbench.execution.quantize import plain_only
 from specbench.execution.value import Execution
 from specbench.models.loading import DTYPES
 
@@ -69,13 +65,9 @@ def plan(dtype: str, backend: str, profile: MachineProfile | None, tree_size: fl
         return ExecutionPlan(backend, dtype, given, fastest, weights, _fastest_same(profile, context, weights))
     measured = list(profile_weights) if profile_weights is not None else list(
         dict.fromkeys(e.weights for e in profile.executions))
-    verifiable = [w for w in measured if not plain_only(w)]
-    if weights == AUTO and not verifiable:
-        raise SpecbenchError(f"model.weights=auto chooses among {measured}, none of them a verify target (w4a8's rows "
-                             f"interact): add fp, int8 or int4 to eval.profile_weights")
     chosen, reason = choose_execution(
         profile, tree_size, context, None if backend == AUTO else [backend], None if dtype == AUTO else [dtype],
-        verifiable if weights == AUTO else [weights], fastest)
+        measured if weights == AUTO else [weights], fastest)
     return ExecutionPlan(chosen.backend, chosen.dtype, reason, fastest, chosen.weights,
                          _fastest_same(profile, context, chosen.weights))
 

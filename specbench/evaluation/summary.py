@@ -19,7 +19,9 @@ from specbench.evaluation.engines import print_engines, with_agreement
 from specbench.evaluation.metrics import BASELINE, busy_note, decoded, skipped_note, summarize
 from specbench.evaluation.plan import Plan
 from specbench.evaluation.quality import with_quality
+from specbench.hardware.measured.machine_profile import mark_stale
 from specbench.hardware.measured.profiler import latency_profile
+from specbench.hardware.measured.row_invariance import DIFFERS
 from specbench.hardware.modelled.llmcad import project_llmcad
 from specbench.hardware.modelled.roofline import roofline_step_time
 from specbench.hardware.modelled.spec import HardwareSpec
@@ -29,6 +31,7 @@ from specbench.reporting.loggers import log_run
 from specbench.reporting.plots import save_plots
 
 log = logging.getLogger(__name__)
+PLAN_MARGIN = 1.05  # a plain decoding measured this much faster than the profile's fastest is a disagreement
 
 
 def summarise(cfg, plan: Plan, hw: HardwareSpec, records: pd.DataFrame, drafters: dict[str, Drafter],
@@ -42,11 +45,14 @@ def summarise(cfg, plan: Plan, hw: HardwareSpec, records: pd.DataFrame, drafters
     summary = _with_streaming(summary, drafters, target, hw)
     summary = with_quality(summary, records, cfg.eval.quality, target.tokenizer, out)  # pass@1 by execution
     summary = with_agreement(summary, records)  # engine rows: token agreement with the project's plain decoding
+    summary = _with_row_checks(summary, plan)
     _write(summary, out)
     plots = save_plots(decoded(records), summary, out / "plots", profile)
     log_run(build(cfg.logger) if cfg.get("logger") else None, cfg, summary, plots, out / "records.jsonl")
     print_table(summary)
     for line in filter(None, [skipped_note(summary, target.max_context), busy_note(summary)]):
+        print(line)
+    for line in _plan_disagreements(summary, plan):
         print(line)
     print_engines(summary)
     _note_cut(decoded(records), cfg.eval.max_new_tokens, target.max_context)
@@ -69,11 +75,17 @@ def print_table(summary: pd.DataFrame) -> None:
             "speedup [95% CI]": [_with_ci(*v) for v in
                                  zip(summary["speedup"], summary["speedup_ci_low"], summary["speedup_ci_high"])],
             "vs any weights": summary["speedup_any"].map("{:.2f}x".format),
+            **({"vs engine (decode)": [f"{t:.2f}x ({d:.2f}x)" for t, d in zip(summary["speedup_engine"],
+                                                                         summary["decode_speedup_engine"])]}
+               if summary.get("fastest_engine", pd.Series(dtype=object)).notna().any() else {}),
             "lossless": [_lossless(r) for _, r in summary.iterrows()],
         }).to_string(index=False))
     same = "; ".join(f"{w}: {ref}" for w, ref in dict(zip(weights, summary["fastest_ar"])).items())
+    engine = summary["fastest_engine"].iloc[0] if "fastest_engine" in summary else math.nan
     print(f"speedup: ratio of means against the fastest plain decoding of the same weights ({same}), 95% paired "
-          f"bootstrap CI; vs any weights: against {summary['fastest_ar_any'].iloc[0]}; more columns in summary.csv")
+          f"bootstrap CI; vs any weights: against {summary['fastest_ar_any'].iloc[0]}"
+          + (f"; vs engine: against the fastest engine's plain decoding ({engine}), total and decode-only tok/s"
+             if isinstance(engine, str) else "") + "; more columns in summary.csv")
     for line in _why_slower(summary):
         print(line)
 
@@ -94,7 +106,50 @@ def _lossless(row: pd.Series) -> str:
     matched = f"{round(row['lossless_match'] * row['num_prompts'])}/{row['num_prompts']}"
     if row["method"].startswith(f"{BASELINE}@"):
         return f"{matched} agree (another execution)"
+    if row.get("row_check") == DIFFERS:  # the machine's row check found this verify route's rows apart
+        return f"{matched} = {row['lossless_reference']}, not promised here"
     return f"{matched} = {row['lossless_reference']}"
+
+
+def _with_row_checks(summary: pd.DataFrame, plan: Plan) -> pd.DataFrame:
+    """row_check: the machine profile's verdict on each row's execution (row_invariance.py), where it checked it;
+    row_check_note: what it found, one line."""
+    checks = plan.machine.rows if plan.machine is not None else {}
+    labels = [Execution(b, d, w).label if isinstance(d, str) else None
+              for b, d, w in zip(summary["backend"], summary["dtype"], summary.get("weights", ["fp"] * len(summary)))]
+    return summary.assign(row_check=[checks[x].verdict if x in checks else math.nan for x in labels],
+                          row_check_note=[checks[x].describe() if x in checks else math.nan for x in labels])
+
+
+def _plan_disagreements(summary: pd.DataFrame, plan: Plan) -> list[str]:
+    """Lines for what the machine profile promised and this run measured otherwise: a verify route whose rows the
+    row check found apart (the methods on it are not promised lossless), and a plain decoding the profile ranked
+    fastest that this run measured slower than another by more than PLAN_MARGIN (both are marked stale in the
+    cached profile, so the next run measures them again)."""
+    lines = []
+    drafting = summary[~summary["method"].str.startswith(BASELINE) & (summary["row_check"] == DIFFERS)]
+    for note, group in drafting.groupby("row_check_note", sort=False):
+        execution = Execution(group["backend"].iloc[0], group["dtype"].iloc[0], group["weights"].iloc[0])
+        lines.append(f"{execution.label}: {note} in this machine's row check: losslessness is not promised on this "
+                     f"CPU for {', '.join(group['method'])} (the lossless column measures it)")
+    if plan.machine is None:
+        return lines
+    plain = summary[summary["method"].str.startswith(BASELINE) & summary["dtype"].map(lambda d: isinstance(d, str))]
+    rates = {Execution(b, d, w): r for b, d, w, r in zip(plain["backend"], plain["dtype"], plain["weights"],
+                                                         plain["decode_tokens_per_s"])}
+    ranked = plan.execution.fastest_ar
+    if ranked not in rates or len(rates) < 2:
+        return lines
+    fastest = max(rates, key=rates.get)
+    if fastest != ranked and rates[fastest] > PLAN_MARGIN * rates[ranked]:
+        profile_ms = {e: plan.machine.latency_ms(e.dtype, 1, plan.context, e.backend, e.weights) for e in (ranked,
+                                                                                                       fastest)}
+        lines.append(f"the machine profile ranked {ranked.label} the fastest plain decoding (L(1) "
+                     f"{profile_ms[ranked]:.1f} ms against {profile_ms[fastest]:.1f} for {fastest.label}); this run "
+                     f"measured {fastest.label} faster ({rates[fastest]:.1f} against {rates[ranked]:.1f} decode tok/s): "
+                     f"both are measured again on the next run")
+        mark_stale(plan.machine, [ranked.label, fastest.label])
+    return lines
 
 
 def _why_slower(summary: pd.DataFrame) -> list[str]:

@@ -59,12 +59,6 @@ def check_weights(weights: str, group_size: int = 32, where: str = "model.weight
                              f"{', '.join(map(str, GROUP_SIZES))} (the group sizes aten's CPU int4 kernel takes)")
 
 
-def plain_only(weights: str) -> bool:
-    """Whether these weights (a config or format name) serve plain decoding only, never a verify: w4a8's rows interact
-    (execution/openvino/), so a tree verify on it is no lossless match for its plain decoding."""
-    return split_format(weights)[0] == "w4a8"
-
-
 def backend_problem(weights: str, backend: str) -> str | None:
     """Why `backend` cannot run these weights on any device (w4a8 and w4a8r are OpenVINO's own), None when it can."""
     head = split_format(weights)[0]

@@ -13,13 +13,9 @@ import pandas as pd
 from specbench.data.prompts import HELD_OUT_FROM
 from specbench.data.sharegpt import read_sharegpt
 from specbench.evaluation.plan import run_weights
-from specbench.hardware.measured.machine_profile import (
-    as_spec,
-    choose_execution,
-    fastest_plain,
-    load_or_measure_profile,
-    roofline_error,
-)
+from specbench.hardware.measured.choice import choose_execution, fastest_plain
+from specbench.hardware.measured.machine_profile import load_or_measure_profile
+from specbench.hardware.measured.roofline_check import as_spec, roofline_error
 from specbench.hardware.measured.profiler import latency_profile, weight_streaming
 from specbench.hardware.modelled.plots import profile_vs_roofline
 from specbench.execution.backends import AUTO, check_backend, check_profile_backends, with_backend
@@ -67,6 +63,13 @@ def run(cfg) -> pd.DataFrame:
                 float_format=lambda v: f"{v:.2f}" if what.startswith("x_") else f"{v:.1f}"))
     for name, reason in profile.machine.get("unsupported", {}).items():
         print(f"not measured: {name}: {reason}")
+    checks = pd.DataFrame([{"execution": e.label, **profile.rows[e.label].as_dict()} for e in profile.executions
+                           if e.label in profile.rows])
+    if len(checks):
+        checks.to_csv(out / "row_invariance.csv", index=False)
+        print("row check: each execution's verify rows (chains of 2-16 rows and a branched tree, at each context) "
+              "against plain decoding's one-row forwards; 'differs' is no lossless verify target here:")
+        print(checks.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     for name, seconds in profile.compile_seconds.items():
         print(f"compile time {name}: {seconds:.0f} s (first forwards; inductor caches graphs across processes)")
     streaming = weight_streaming(target.model, [n for n in cfg.eval.profile_sizes if n <= 32], weights=formats)

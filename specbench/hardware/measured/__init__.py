@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from specbench.hardware.measured.machine_profile import measured_peaks
+from specbench.hardware.measured.peaks import measured_peaks
 from specbench.hardware.modelled.spec import HardwareSpec
 
 

@@ -13,9 +13,8 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from specbench.errors import SpecbenchError
 from specbench.files import write_atomic
 from specbench.hardware.measured.machine import fingerprint, machine_info
-from specbench.hardware.measured.machine_profile import (_best_seconds, _read_cached, code_digest, default_dtypes,
-                                                         measuring_alone, profile_dir, stamp)
-from specbench.execution import attention as model_attention
+from specbench.hardware.measured.cache import measuring_alone, measuring_key, profile_dir, read_cached, stamp
+from specbench.hardware.measured.peaks import best_seconds, default_dtypes
 from specbench.execution.attention import Windows, eager_forward
 from specbench.models.loading import torch_dtype
 
@@ -56,9 +55,9 @@ def measure_windows(model: torch.nn.Module, dtype: str, contexts=CONTEXTS, budge
     for ctx in contexts:
         q = torch.randn(1, heads, 1, dim, device=device, dtype=torch_dtype(dtype))
         k, v = (torch.randn(1, kv_heads, ctx, dim, device=device, dtype=q.dtype) for _ in range(2))
-        timings[ctx] = (_best_seconds(lambda: sdpa_attention_forward(layer, q, k, v, None, scaling=dim**-0.5),  # noqa: B023
+        timings[ctx] = (best_seconds(lambda: sdpa_attention_forward(layer, q, k, v, None, scaling=dim**-0.5),  # noqa: B023
                                       sync, budget_s),
-                        _best_seconds(lambda: eager(layer, q, k, v, None, scaling=dim**-0.5), sync, budget_s))  # noqa: B023
+                        best_seconds(lambda: eager(layer, q, k, v, None, scaling=dim**-0.5), sync, budget_s))  # noqa: B023
     return windows_of(timings), timings
 
 
@@ -70,16 +69,15 @@ def eager_windows(model: torch.nn.Module, dtypes=None) -> dict[str, Windows]:
     limit = getattr(cfg, "max_position_embeddings", None) or max(CONTEXTS)
     contexts = [c for c in CONTEXTS if c <= limit]
     shape = f"{cfg.num_attention_heads}x{cfg.num_key_value_heads}x{cfg.hidden_size}"
-    # named by the code that times the two kernels, as the machine profile is (code_digest)
-    digest = code_digest([__file__, model_attention.__file__])
-    path = profile_dir() / f"{fingerprint()}-{digest}-{device.type}-attention-{shape}.json"
+    # named by the measuring key, as the machine profile is
+    path = profile_dir() / f"{fingerprint()}-{measuring_key()}-{device.type}-attention-{shape}.json"
     seen = stamp(path)
-    cached = _read_cached(path, _windows_of_file) if seen else None
+    cached = read_cached(path, _windows_of_file) if seen else None
     if cached is not None and all(d in cached for d in dtypes):
         return {d: cached[d] for d in dtypes}
     with measuring_alone("where eager attention beats SDPA"):
         if stamp(path) != seen:  # written by the process this one waited for
-            cached = _read_cached(path, _windows_of_file)
+            cached = read_cached(path, _windows_of_file)
             if cached is not None and all(d in cached for d in dtypes):
                 return {d: cached[d] for d in dtypes}
         print(f"measuring where eager attention beats SDPA here ({', '.join(dtypes)}; seconds), cached at {path}")

@@ -1,223 +1,43 @@
-"""The measured profile of the machine at hand: peaks per dtype and L(n, context) of the target per execution:
-a backend (execution/backends.py), the activations' dtype and the weights' format (fp, int8, int4_g<group>:
-execution/quantize.py).
+"""The measured profile of one model on the machine at hand: L(n, context) of the target per execution (a backend
+(execution/backends.py), the activations' dtype and the weights' format (execution/quantize.py)), and whether each
+execution's verify rows are its plain decoding's (row_invariance.py).
 
-Measured once per machine fingerprint (machine.py), model and version of the code that runs and times the forwards
-(`code_digest`), cached as JSON under the specbench cache, and read
-by hw=cpu / hw=cuda (their `measured` figures) and by the evaluator (the dtype choice, L(n) for tree budgets).
-The cache decides every later run's dtype and backend, so it is written atomically and checked when read: a file cut
-short, missing a key or holding an impossible number is measured again, with a one-line notice.
+Measured once per machine fingerprint (machine.py), model and measuring key (cache.py), cached as JSON under the
+specbench cache, and read by the evaluator (the execution choice, L(n) for tree budgets). The cache decides every later
+run's execution, so it is written atomically and checked when read: a file cut short, missing a key or holding an
+impossible number is measured again, with a one-line notice. An execution a run found slower than the profile said is
+marked stale there and measured again by the next run (`mark_stale`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import os
-import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import torch
-from filelock import FileLock, Timeout
-from transformers import DynamicCache
 
 from specbench.errors import SpecbenchError
 from specbench.files import write_atomic
-from specbench.hardware.measured import profiler
+from specbench.hardware.measured.cache import measuring_alone, measuring_key, profile_dir, read_cached, stamp
 from specbench.hardware.measured.machine import fingerprint, machine_info
+from specbench.hardware.measured.peaks import checked_peaks, default_dtypes, measure_peaks
 from specbench.hardware.measured.profiler import latency_profile
-from specbench.hardware.modelled.roofline import roofline_step_time
-from specbench.hardware.modelled.spec import HardwareSpec
-from specbench.execution import attention, backends, linears, openvino, quantize
+from specbench.hardware.measured.row_invariance import RowInvariance, check_rows
 from specbench.execution.attention import attention_tag
 from specbench.execution.backends import BACKENDS, OPENVINO, supported, with_backend
 from specbench.execution.value import Execution
-from specbench.models.loading import LoadedModel, cache_dir, cache_root, torch_dtype, with_dtype
-from specbench.execution.quantize import Int4Linear, Int8Linear, W8A8Linear, with_weights
+from specbench.models.loading import LoadedModel, torch_dtype, with_dtype
+from specbench.execution.quantize import with_weights
 from specbench.execution.quantize import supported as weights_supported
-from specbench.models.shape import ModelShape
 
 SIZES = (1, 2, 4, 8, 16, 32, 64)
 CONTEXTS = (128, 256, 1024)
-
-
-def default_dtypes(device: torch.device | str) -> tuple[str, ...]:
-    """The dtypes worth profiling: float16 has fast kernels on CUDA only."""
-    return ("float32", "bfloat16", "float16") if torch.device(device).type == "cuda" else ("float32", "bfloat16")
-
-
-def profile_dir() -> Path:
-    return cache_root() / "profiles"
-
-
-def _best_seconds(fn, sync, budget_s: float = 0.5, min_runs: int = 3) -> float:
-    """The fastest of repeated runs within a time budget (after one warm-up): peak, not typical, speed."""
-    fn()
-    sync()
-    best, start, runs = float("inf"), time.perf_counter(), 0
-    while runs < min_runs or time.perf_counter() - start < budget_s:
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        best, runs = min(best, time.perf_counter() - t0), runs + 1
-    return best
-
-
-@torch.inference_mode()
-def measure_peaks(device: torch.device | str, dtypes=None, matmul_size: int | None = None, read_mb: int = 256,
-                  budget_s: float = 0.5) -> dict:
-    """Matmul TFLOP/s per dtype, memory-read GB/s, the fixed cost per transformer layer and DRAM capacity.
-
-    A few seconds: square linears (1024 on CPU, 8192 on CUDA) and 64-row ones (the faster counts), a sum over a 256 MB
-    tensor, and the forward time
-    of two tiny Llamas (2 and 8 layers) whose difference per layer is the dispatch cost no roofline sees."""
-    from specbench.models.tiny import tiny_random
-
-    device = torch.device(device)
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    size = matmul_size or (8192 if device.type == "cuda" else 1024)
-    tflops = {}
-    for name in dtypes or default_dtypes(device):
-        a = torch.randn(size, size, device=device).to(torch_dtype(name))
-        rows = a[:64].contiguous()  # a 64-token tree's shape
-        linear = torch.nn.functional.linear  # the op a model runs: without native bf16 it is 15x faster than a @ b
-        tflops[name] = max(2 * size**3 / _best_seconds(lambda: linear(a, a), sync, budget_s),
-                           2 * 64 * size**2 / _best_seconds(lambda: linear(rows, a), sync, budget_s)) / 1e12
-    if weights_supported("int8", device) is None:  # the weight-only kernels' own FLOP/s: they dequantise in registers
-        tflops |= _quantised_peaks(size, device, sync, budget_s)
-    x = torch.ones(read_mb * 2**18, device=device)  # read_mb of float32
-    bandwidth = x.numel() * 4 / _best_seconds(x.sum, sync, budget_s) / 1e9
-    per_forward = {layers: _one_token_forward_s(tiny_random(num_layers=layers, device=str(device)).model, sync,
-                                                budget_s) for layers in (2, 8)}
-    memory = (torch.cuda.get_device_properties(device).total_memory if device.type == "cuda"
-              else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    return {"peak_tflops": tflops, "mem_bandwidth_gbs": bandwidth,
-            "layer_overhead_ms": max(0.0, 1e3 * (per_forward[8] - per_forward[2]) / 6), "memory_gb": memory / 1e9}
-
-
-def _quantised_peaks(size: int, device: torch.device, sync, budget_s: float) -> dict:
-    """TFLOP/s of a 64-row product with int8, int4 and w8a8 weights, in bfloat16 activations (the dtype their kernels
-    vectorise: float32 activations ran 5-25x slower on an AVX-512 Zen 4, which task=profile's table shows)."""
-    linear = torch.nn.Linear(size, size, bias=False, device=device)
-    rows = torch.randn(64, size, device=device, dtype=torch.bfloat16)
-    peaks = {}
-    layers = {"int8": Int8Linear(linear), "int4": Int4Linear(linear, 32), "w8a8": W8A8Linear(linear)}
-    for name, layer in layers.items():
-        layer = layer.to(torch.bfloat16)
-        peaks[name] = 2 * 64 * size**2 / _best_seconds(lambda: layer(rows), sync, budget_s) / 1e12  # noqa: B023
-    return peaks
-
-
-def _one_token_forward_s(model, sync, budget_s: float) -> float:
-    """Fastest forward of one token over a 16-token cache."""
-    cache = DynamicCache()
-    ids = torch.zeros(1, 17, dtype=torch.long, device=model.device)
-    model(input_ids=ids[:, :16], past_key_values=cache, use_cache=True)
-
-    def step():
-        model(input_ids=ids[:, 16:], past_key_values=cache, use_cache=True)
-        cache.crop(-1)
-    return _best_seconds(step, sync, budget_s)
-
-
-def measured_peaks(device: torch.device | str) -> dict:
-    """This machine's peaks from its newest valid cached profile (of any model), else measured now and cached."""
-    device = torch.device(device)
-    root, fp = profile_dir(), fingerprint()
-
-    def cached(skip=()) -> dict | None:
-        # peaks are the machine's, whatever code measured a profile: any code digest (profile_path) will do
-        for path in sorted(root.glob(f"{fp}-*{device.type}-*.json"), key=lambda p: p.stat().st_mtime, reverse=True):
-            peaks = None if (path, stamp(path)) in skip else _read_cached(path, _peaks_of)
-            if peaks is not None:
-                return peaks
-        return None
-
-    seen = {(path, stamp(path)) for path in root.glob(f"{fp}-*{device.type}-*.json")}  # each read once
-    peaks = cached()
-    if peaks is not None:
-        return peaks
-    with measuring_alone("peaks"):
-        peaks = cached(skip=seen)  # measured by the process this one waited for
-        if peaks is None:
-            peaks = measure_peaks(device)
-            write_atomic(root / f"{fp}-{device.type}-peaks.json",
-                         json.dumps({"machine": machine_info(), "peaks": peaks}))
-    return peaks
-
-
-_LOCKS: dict[Path, FileLock] = {}
-
-
-@contextmanager
-def measuring_alone(what: str):
-    """Hold the cache's measuring lock (flock, through filelock) while this process measures: two first runs on a
-    fresh cache would time each other's forwards and cache the contended numbers (L(1) 2.6x the quiet value seen). A
-    second process waits here for the first, then finds what it cached. Checks the cache writable first, so a cache
-    that cannot take the result is one line before minutes of measuring. Re-entrant within a process."""
-    folder = cache_dir("profiles")
-    lock = _LOCKS.setdefault(folder, FileLock(folder / ".measuring.lock", preserve_lock_file=True,
-                                              fallback_to_soft=False))
-    try:
-        lock.acquire(blocking=False)
-    except Timeout:
-        print(f"waiting for another process measuring this machine (it holds {lock.lock_file}) before measuring "
-              f"{what}: measured side by side, both would be wrong", flush=True)
-        lock.acquire()
-    try:
-        yield
-    finally:
-        lock.release()
-
-
-def _read_cached(path: Path, parse):
-    """parse(the file's text), or None with a one-line notice naming the file and what is wrong with it."""
-    try:
-        return parse(path.read_text())
-    except (OSError, UnicodeDecodeError) as exc:
-        problem = f"cannot be read ({exc})"
-    except json.JSONDecodeError as exc:
-        problem = f"is not valid JSON ({exc})"
-    except SpecbenchError as exc:
-        problem = str(exc).removeprefix("the machine profile ")
-    print(f"notice: the cached machine profile {path} {problem}; measuring it again")
-    return None
-
-
-def _peaks_of(text: str) -> dict:
-    data = json.loads(text)
-    if not isinstance(data, dict) or "peaks" not in data:
-        raise SpecbenchError("the machine profile lacks the key 'peaks'")
-    return _checked_peaks(data["peaks"])
-
-
-def _positive(value, zero_ok: bool = False) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            and (value >= 0 if zero_ok else value > 0))
-
-
-def _checked_peaks(peaks) -> dict:
-    """peaks as measure_peaks returns them, or SpecbenchError naming the first missing or impossible figure."""
-    if not isinstance(peaks, dict):
-        raise SpecbenchError(f"the machine profile holds peaks={peaks!r}, not a mapping")
-    for key in ("peak_tflops", "mem_bandwidth_gbs", "layer_overhead_ms", "memory_gb"):
-        if key not in peaks:
-            raise SpecbenchError(f"the machine profile lacks the key 'peaks.{key}'")
-    tflops = peaks["peak_tflops"]
-    if not isinstance(tflops, dict) or not tflops or not all(_positive(v) for v in tflops.values()):
-        raise SpecbenchError(f"the machine profile holds peaks.peak_tflops={tflops!r}: it must map dtypes to finite "
-                             f"positive TFLOP/s")
-    for key in ("mem_bandwidth_gbs", "layer_overhead_ms", "memory_gb"):
-        if not _positive(peaks[key], zero_ok=key == "layer_overhead_ms"):
-            raise SpecbenchError(f"the machine profile holds peaks.{key}={peaks[key]!r}: it must be a finite "
-                                 + ("number >= 0" if key == "layer_overhead_ms" else "positive number"))
-    return peaks
 
 
 @dataclass
@@ -230,6 +50,9 @@ class MachineProfile:
     peaks: dict  # peak_tflops {dtype: TFLOP/s}, mem_bandwidth_gbs, layer_overhead_ms, memory_gb
     latency: pd.DataFrame  # backend, dtype, weights, context, tokens, ms
     compile_seconds: dict = dataclasses.field(default_factory=dict)  # execution label: first-forwards' compile time
+    rows: dict = dataclasses.field(default_factory=dict)  # execution label: its RowInvariance (row_invariance.py)
+    stale: list = dataclasses.field(default_factory=list)  # labels a run found slower than measured: measured again
+    path: Path | None = dataclasses.field(default=None, compare=False)  # the cache file it was read from or written to
     _grids: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -318,16 +141,32 @@ class MachineProfile:
                              "ms": [self.latency_ms(dtype, n, context, backend, weights) for n in sizes]})
 
     def covers(self, dtypes, sizes, contexts, backends=("eager",), weights=("fp",)) -> bool:
+        """Every requested execution measured at every requested point, its rows checked, none of it stale (or the
+        machine cannot run it)."""
+        skipped = set(self.machine.get("unsupported", {}))  # executions this machine cannot run
+        return all(e.label in skipped or (self.timed(e, sizes, contexts) and e.label in self.rows)
+                   for e in (Execution(b, d, w) for b in backends for d in dtypes for w in weights))
+
+    def timed(self, execution: Execution, sizes, contexts) -> bool:
+        """L(n, context) of `execution` measured at every requested point and not stale."""
+        if execution.label in self.stale:
+            return False
         have = set(zip(self.latency["backend"], self.latency["dtype"], self.latency["weights"],
                        self.latency["context"], self.latency["tokens"]))
-        skipped = set(self.machine.get("unsupported", {}))  # executions this machine cannot run
-        return all((b, d, w, c, n) in have or Execution(b, d, w).label in skipped
-                   for b in backends for d in dtypes for w in weights for c in contexts for n in sizes)
+        return all((*execution, c, n) in have for c in contexts for n in sizes)
+
+    def lossless(self, execution: Execution) -> bool:
+        """Whether a verify on `execution` keeps its plain decoding's tokens here, as its row check found (up to float
+        near-ties where rows differ by rounding); True where it was not checked (a profile made in code)."""
+        check = self.rows.get(execution.label)
+        return check is None or check.lossless
 
     def to_json(self) -> str:
         return json.dumps({"machine": self.machine, "device": self.device, "model": self.model, "peaks": self.peaks,
                            "latency": self.latency.to_dict(orient="records"),
-                           "compile_seconds": self.compile_seconds}, indent=1)
+                           "compile_seconds": self.compile_seconds,
+                           "rows": {label: r.as_dict() for label, r in self.rows.items()}, "stale": self.stale},
+                          indent=1)
 
     @classmethod
     def from_json(cls, text: str) -> MachineProfile:
@@ -342,8 +181,17 @@ class MachineProfile:
             raise SpecbenchError("the machine profile holds a 'machine' that is not a mapping")
         if not isinstance(data["latency"], list) or not all(isinstance(r, dict) for r in data["latency"]):
             raise SpecbenchError("the machine profile holds a 'latency' that is not a list of records")
-        return cls(data["machine"], data["device"], data["model"], _checked_peaks(data["peaks"]),
-                   pd.DataFrame(data["latency"]), data.get("compile_seconds", {}))
+        return cls(data["machine"], data["device"], data["model"], checked_peaks(data["peaks"]),
+                   pd.DataFrame(data["latency"]), data.get("compile_seconds", {}), _rows_of(data.get("rows", {})),
+                   list(data.get("stale", [])))
+
+
+def _rows_of(data) -> dict[str, RowInvariance]:
+    """The cached row checks, or SpecbenchError naming what is wrong with them."""
+    try:
+        return {str(label): RowInvariance.from_dict(r) for label, r in data.items()}
+    except (AttributeError, KeyError, TypeError, ValueError) as exc:
+        raise SpecbenchError(f"the machine profile holds rows={data!r}, not row checks ({exc})") from exc
 
 
 def _end_slope(xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
@@ -356,27 +204,9 @@ def _end_slope(xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
 
 # The modules whose code decides what a profiled forward costs: a profile cached by another version of them (say,
 # a compiled backend before its weights were frozen) would steer every later run by numbers this code no longer gives.
-MEASURED_BY = (backends, quantize, linears, attention, openvino, profiler)
-
-
-def code_digest(files=None) -> str:
-    """Short hash of the source of `files` (default: the modules of MEASURED_BY), part of a cached measurement's
-    name (the profile here, the attention windows in attention.py)."""
-    paths = files if files is not None else [path for m in MEASURED_BY for path in _sources(m)]
-    digest = hashlib.sha256()
-    for path in paths:
-        digest.update(Path(path).read_bytes())
-    return digest.hexdigest()[:10]
-
-
-def _sources(module) -> list[Path]:
-    """A module's source file, or every source file of a package (its code spreads over them)."""
-    path = Path(module.__file__)
-    return sorted(path.parent.rglob("*.py")) if path.name == "__init__.py" else [path]
-
 
 def profile_path(model_name: str, device: torch.device | str) -> Path:
-    return profile_dir() / f"{fingerprint()}-{code_digest()}-{torch.device(device).type}-{model_name}.json"
+    return profile_dir() / f"{fingerprint()}-{measuring_key()}-{torch.device(device).type}-{model_name}.json"
 
 
 def load_or_measure_profile(target: LoadedModel, dtypes=None, sizes=SIZES, contexts=CONTEXTS,
@@ -391,27 +221,41 @@ def load_or_measure_profile(target: LoadedModel, dtypes=None, sizes=SIZES, conte
     device = target.model.device
     dtypes, sizes, contexts = list(dtypes or default_dtypes(device)), list(sizes), list(contexts)
     backends, weights = list(backends or BACKENDS), list(weights)
-    tag = attention_tag(target)  # the attention kernel changes L(n, context): a profile is measured under one
-    path = profile_path(target.name if tag == "sdpa" else f"{target.name}-attention_{tag}", device)
+    path = _path_of(target)
     seen = stamp(path)
-    cached = _read_cached(path, MachineProfile.from_json) if seen else None
+    cached = _read_profile(path) if seen else None
     if cached is not None and cached.covers(dtypes, sizes, contexts, backends, weights):
         return cached
     with measuring_alone(f"the profile of {target.name}"):
         if stamp(path) != seen:  # written by the process this one waited for
-            cached = _read_cached(path, MachineProfile.from_json)
+            cached = _read_profile(path)
             if cached is not None and cached.covers(dtypes, sizes, contexts, backends, weights):
                 return cached
         return _measure_profile(target, path, dtypes, sizes, contexts, repeats, backends, weights, cached)
 
 
-def stamp(path: Path) -> tuple[int, int] | None:
-    """(mtime, size) of a cache file, None when there is none: whether another process wrote it meanwhile."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return st.st_mtime_ns, st.st_size
+def _read_profile(path: Path) -> MachineProfile | None:
+    profile = read_cached(path, MachineProfile.from_json)
+    if profile is not None:
+        profile.path = path
+    return profile
+
+
+def _path_of(target: LoadedModel) -> Path:
+    tag = attention_tag(target)  # the attention kernel changes L(n, context): a profile is measured under one
+    return profile_path(target.name if tag == "sdpa" else f"{target.name}-attention_{tag}", target.model.device)
+
+
+def mark_stale(profile: MachineProfile, labels: list[str]) -> None:
+    """Mark executions stale in the cached file `profile` came from, so the next run measures them again: a run timed
+    their plain decoding in another order than the profile ranked them."""
+    if profile.path is None:
+        return
+    with measuring_alone(f"the profile of {profile.model}"):
+        cached = _read_profile(profile.path) if stamp(profile.path) else None
+        if cached is not None:
+            cached.stale = sorted({*cached.stale, *labels})
+            write_atomic(profile.path, cached.to_json())
 
 
 def _measure_profile(target: LoadedModel, path: Path, dtypes, sizes, contexts, repeats, backends, weights,
@@ -422,8 +266,15 @@ def _measure_profile(target: LoadedModel, path: Path, dtypes, sizes, contexts, r
     frames = [cached.latency] if cached is not None else []
     unsupported = dict(cached.machine.get("unsupported", {})) if cached is not None else {}
     compile_s = dict(cached.compile_seconds or {}) if cached is not None else {}
+    rows = dict(cached.rows) if cached is not None else {}
     todo = [(fmt, name, backend) for fmt in weights for name in dtypes for backend in backends
             if cached is None or not cached.covers([name], sizes, contexts, [backend], [fmt])]
+    to_time = {Execution(b, d, w) for w, d, b in todo if cached is None or not cached.timed(Execution(b, d, w), sizes,
+                                                                                         contexts)}
+    if cached is not None:  # an execution timed anew (stale, or missing points) is not compared with its old numbers
+        old = pd.Series([Execution(*e) in to_time for e in zip(cached.latency["backend"], cached.latency["dtype"],
+                                                                cached.latency["weights"])], index=cached.latency.index)
+        frames = [cached.latency[~old]]
     if cached is not None:  # what is measured anew spans the cached grid too, so each execution's grid stays whole
         sizes = sorted({*sizes, *cached.latency["tokens"].astype(int)})
         contexts = sorted({*contexts, *cached.latency["context"].astype(int)})
@@ -450,19 +301,23 @@ def _measure_profile(target: LoadedModel, path: Path, dtypes, sizes, contexts, r
                     continue
                 # openvino compresses the float weights itself (Execution.apply hands it them)
                 run = Execution(backend, name, fmt).apply(target) if backend == OPENVINO else with_backend(cast, backend)
-                why = _dominated(run.model, fmt, frames, sizes, contexts[0])
-                if why:
-                    unsupported[label] = why
-                    print(f"  {label}: not measured: {why}")
-                    continue
-                frame = latency_profile(run.model, sizes, contexts, repeats, statistic="min")
-                frames.append(frame.assign(backend=backend, dtype=name, weights=fmt))
-                stats = getattr(run.model, "compile_stats", None)
-                if stats is not None:
-                    compile_s[label] = stats.seconds
-                print(f"  {label}: L(1) {frame['ms'].iloc[0]:.1f} ms, L({sizes[-1]}) "
-                      f"{frame['ms'].iloc[len(sizes) - 1]:.1f} ms at context {contexts[0]}"
-                      + (f"; compiled in {stats.seconds:.0f} s" if stats else ""))
+                if Execution(backend, name, fmt) in to_time:
+                    why = _dominated(run.model, fmt, frames, sizes, contexts[0])
+                    if why:
+                        unsupported[label] = why
+                        print(f"  {label}: not measured: {why}")
+                        continue
+                    frame = latency_profile(run.model, sizes, contexts, repeats, statistic="min")
+                    frames.append(frame.assign(backend=backend, dtype=name, weights=fmt))
+                    stats = getattr(run.model, "compile_stats", None)
+                    if stats is not None:
+                        compile_s[label] = stats.seconds
+                    print(f"  {label}: L(1) {frame['ms'].iloc[0]:.1f} ms, L({sizes[-1]}) "
+                          f"{frame['ms'].iloc[len(sizes) - 1]:.1f} ms at context {contexts[0]}"
+                          + (f"; compiled in {stats.seconds:.0f} s" if stats else ""))
+                rows[label] = check_rows(run.model, torch_dtype(name), target.model.config.vocab_size)
+                print(f"  {label}: {rows[label].describe()}: {rows[label].verdict}"
+                      + ("" if rows[label].lossless else " (no lossless verify target here)"))
                 del run
             del cast
         del quantised
@@ -471,7 +326,9 @@ def _measure_profile(target: LoadedModel, path: Path, dtypes, sizes, contexts, r
     columns = ["backend", "dtype", "weights", "context", "tokens", "ms"]
     latency = pd.concat(frames, ignore_index=True)[columns].drop_duplicates(  # a point measured anew replaces its old
         ["backend", "dtype", "weights", "context", "tokens"], keep="last").reset_index(drop=True)
-    profile = MachineProfile(machine, device.type, target.name, peaks, latency, compile_s)
+    stale = [label for label in (cached.stale if cached is not None else [])
+             if label not in {e.label for e in to_time}]
+    profile = MachineProfile(machine, device.type, target.name, peaks, latency, compile_s, rows, stale, path)
     if busy(machine):  # a profile taken beside other work would mislead every later run on this machine
         print(f"warning: the machine was busy while profiling (1-min load {max(machine['loadavg_1min']):.1f} on "
               f"{machine['cpus']} CPUs): this run uses the profile, but it is not cached; profile on a quiet machine")
@@ -506,57 +363,3 @@ def _dominated(model, weights: str, frames: list[pd.DataFrame], sizes: list[int]
 def busy(machine: dict) -> bool:
     """More runnable threads than cores besides this process's own (about one per core it uses)."""
     return max(machine.get("loadavg_1min", [0.0])) > machine.get("cpus", 1) + 1
-
-
-def choose_execution(profile: MachineProfile, tree_size: float, context: float, backends=None, dtypes=None,
-                     weights=None, plain: Execution | None = None) -> tuple[Execution, str]:
-    """(execution, reason): the measured execution with the cheapest verify forward L(tree_size) among
-    the allowed ones, and a one-line reason naming the fastest plain decoding L(1) on the machine (`plain`, default
-    fastest_plain's): a method must beat that, whatever its backend, dtype and weights."""
-    allowed = [e for e in profile.executions
-               if (backends is None or e.backend in backends) and (dtypes is None or e.dtype in dtypes)
-               and (weights is None or e.weights in weights)]
-    if not allowed:
-        have = ", ".join(e.label for e in profile.executions)
-        raise SpecbenchError(f"the machine profile has no measurement for backend {backends}, dtype {dtypes} and "
-                             f"weights {weights}; it has: {have}")
-    verify = {e: profile.latency_ms(e.dtype, tree_size, context, e.backend, e.weights) for e in allowed}
-    best = min(verify, key=verify.get)
-    plain = plain or fastest_plain(profile, context)
-    others = ", ".join(f"{e.label} {ms:.1f} ms" for e, ms in verify.items() if e != best)
-    reason = (f"{best.label}: L({tree_size:g}) at context {context:g} is {verify[best]:.1f} ms"
-              + (f" (vs {others})" if others else "") + f"; fastest plain decoding is {plain.label} at "
-              f"L(1) = {profile.latency_ms(plain.dtype, 1, context, plain.backend, plain.weights):.1f} ms")
-    return best, reason
-
-
-def fastest_plain(profile: MachineProfile, context: float, weights=None) -> Execution:
-    """The execution of the cheapest one-token forward among the measured ones (with weights in
-    `weights`, None: any): the plain decoding every speedup is judged against, a quantised target's included: it
-    is the fastest plain decoding this machine offers."""
-    allowed = [e for e in profile.executions if weights is None or e.weights in weights] \
-        or profile.executions  # none of `weights` could run here (unsupported): any measured one
-    return min(allowed, key=lambda e: profile.latency_ms(e.dtype, 1, context, e.backend, e.weights))
-
-
-def as_spec(profile: MachineProfile, base: HardwareSpec) -> HardwareSpec:
-    """`base` with this profile's measured figures: the roofline of the machine the profile was taken on."""
-    peaks = profile.peaks
-    return dataclasses.replace(base, name=f"{profile.device} (measured)", device=profile.device,
-                               peak_tflops=peaks["peak_tflops"], mem_bandwidth_gbs=peaks["mem_bandwidth_gbs"],
-                               layer_overhead_ms=peaks["layer_overhead_ms"], memory_gb=peaks["memory_gb"],
-                               weight_dtype=None, units=[], partition="gpu_only")
-
-
-def roofline_error(profile: MachineProfile, shape: ModelShape, hw: HardwareSpec) -> pd.DataFrame:
-    """Measured L(n, context) beside the roofline's, per dtype, with the relative error; bound_ms is the same roofline
-    without the per-layer fixed cost (the dispatch a tiny model measures): the hardware's own bound, which a faster
-    backend can approach and the full roofline already concedes."""
-    frame = profile.latency.copy()  # the roofline depends on the dtype and weights only: what every backend aims at
-    frame["roofline_dtype"] = frame["weights"].where(frame["weights"] != "fp", frame["dtype"])  # int8: 1 B/param
-    points = list(zip(frame["roofline_dtype"], frame["context"], frame["tokens"]))
-    frame["roofline_ms"] = [1e3 * roofline_step_time(shape, hw, n, c, dtype=d) for d, c, n in points]
-    bare = dataclasses.replace(hw, layer_overhead_ms=0.0)
-    frame["bound_ms"] = [1e3 * roofline_step_time(shape, bare, n, c, dtype=d) for d, c, n in points]
-    frame["error_pct"] = 100 * (frame["roofline_ms"] - frame["ms"]) / frame["ms"]
-    return frame
