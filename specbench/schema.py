@@ -35,7 +35,7 @@ from specbench.execution.value import Execution
 from specbench.evaluation.quality import check_quality
 from specbench.execution.attention import check_attention
 from specbench.execution.backends import AUTO, BACKENDS, RUN_KEYS, check_backend
-from specbench.execution.graphs import check_device
+from specbench.execution.graphs import check_run
 from specbench.models.loading import DTYPES, check_model_path, load_model, read_config
 from specbench.execution.quantize import FORMATS, GROUP_SIZES, GROUPED, check_backend_weights, check_weights
 from specbench.models.shape import linear_input_widths
@@ -417,7 +417,8 @@ def _check_inputs(cfg: DictConfig) -> None:
     model = cfg.get("model")
     if model is not None and model.get("backend") is not None:
         check_backend(model.backend)
-        check_device(model.backend, OmegaConf.select(cfg, "hw.device") or "cpu")
+        check_run(model.backend, OmegaConf.select(cfg, "hw.device") or "cpu",
+                  OmegaConf.select(cfg, "eval.batch_size") or 1)
     if model is not None and model.get("attention") is not None:
         check_attention(model.attention)
     if model is not None and model.get("weights") is not None:

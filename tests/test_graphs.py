@@ -194,7 +194,7 @@ def test_a_run_on_the_graphs_backend_decodes_through_plan_and_summary_losslessly
     from specbench.tasks import eval as eval_task
 
     monkeypatch.setattr(graphs, "unsupported", lambda device: None)
-    monkeypatch.setattr(schema, "check_device", lambda backend, device: None)
+    monkeypatch.setattr(schema, "check_run", lambda backend, device, batch_size: None)
     overrides = ["model=tiny_random", "model.backend=graphs", "eval.dtype=float32", "methods=[pld]",
                  "eval.plain_executions=[eager/float32]", "eval.fastest_ar=false", "eval.num_prompts=3",
                  "eval.max_new_tokens=24", "eval.profile_sizes=[1,2,4]", "eval.profile_repeats=1",
@@ -213,10 +213,12 @@ def test_a_run_on_the_graphs_backend_decodes_through_plan_and_summary_losslessly
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the backend runs here")
 def test_without_cuda_the_graphs_backend_is_refused_in_one_line(tiny, tmp_path):
-    """Where the user asks for it: model.backend=graphs on hw=cpu is one error line before anything loads, and
-    applied to a CPU model (eval.plain_executions, a profile) it says why it cannot run."""
+    """Where the user asks for it: model.backend=graphs on hw=cpu (or with batched decoding) is one error line before
+    anything loads, and applied to a CPU model (eval.plain_executions, a profile) it says why it cannot run."""
     with pytest.raises(SpecbenchError, match=r"model.backend=graphs replays CUDA graphs, so it needs a CUDA device"):
         validate(compose_cfg(["model=tiny_random", "model.backend=graphs"], tmp_path))
+    with pytest.raises(SpecbenchError, match=r"eval.batch_size=2 is invalid with it: use eval.batch_size=1"):
+        validate(compose_cfg(["model=tiny_random", "model.backend=graphs", "hw=cuda", "eval.batch_size=2"], tmp_path))
     assert "CUDA device" in supported("graphs", torch.float32, torch.device("cpu"))
     with pytest.raises(SpecbenchError, match="model.backend=graphs cannot run"):
         with_backend(tiny, "graphs")

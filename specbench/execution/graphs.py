@@ -50,14 +50,19 @@ def unsupported(device: torch.device) -> str | None:
     return None
 
 
-def check_device(backend: str, device: str) -> None:
-    """One error line for model.backend=graphs where the run's device (hw.device) is no CUDA device, before any model
-    loads (hw.device=cuda on a machine without one is hw's own error)."""
-    cuda = str(device).startswith("cuda") or (device == "auto" and torch.cuda.is_available())
-    if backend == GRAPHS and not cuda:
+def check_run(backend: str, device: str, batch_size: int) -> None:
+    """One error line for model.backend=graphs where it cannot run, before any model loads: the run's device
+    (hw.device) is no CUDA device (hw.device=cuda on a machine without one is hw's own error), or several sequences
+    decode together (a batched verify runs on a DynamicCache, which would run eager under this backend's name)."""
+    if backend != GRAPHS:
+        return
+    if not (str(device).startswith("cuda") or (device == "auto" and torch.cuda.is_available())):
         raise SpecbenchError(f"model.backend=graphs replays CUDA graphs, so it needs a CUDA device (hw=cuda); "
                              f"hw.device='{device}' runs on the CPU here: use model.backend=eager, prepacked, compile "
                              f"or openvino")
+    if batch_size != 1:
+        raise SpecbenchError(f"model.backend=graphs decodes one sequence at a time; eval.batch_size={batch_size} is "
+                             f"invalid with it: use eval.batch_size=1, or model.backend=eager or compile")
 
 
 @functools.cache
