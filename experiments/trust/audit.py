@@ -434,5 +434,212 @@ def issue34_main() -> None:
             print(f"| {name} | {how} | {wrong} |", flush=True)
 
 
+# --- replays, exports, calibration files and skipped prompts (python audit.py --replays [--tree T]) ---
+
+EAGLE3 = """
+import sys, torch
+from specbench.models.artifact import save_artifact
+from specbench.models.tiny import tiny_random
+from specbench.training.eagle import EagleModule
+target = tiny_random(num_layers=8)
+torch.manual_seed(2)
+module = EagleModule(target.model, draft_vocab=40, export_dtype="float32", head="eagle3")
+module._use_vocabulary(torch.randperm(64, generator=torch.Generator().manual_seed(4))[:40])
+save_artifact(sys.argv[1], "eagle", target, module.arch(), module.export_tensors())
+"""
+MEDUSA = """
+import sys, torch
+from specbench.drafters.medusa import MedusaHeads
+from specbench.models.artifact import save_artifact
+from specbench.models.tiny import tiny_random
+target = tiny_random()
+cfg = target.model.config
+torch.manual_seed(1)
+heads = MedusaHeads(cfg.hidden_size, cfg.vocab_size, num_heads=3)
+for p in heads.parameters():
+    torch.nn.init.normal_(p, std=0.05)
+arch = {"hidden_size": cfg.hidden_size, "vocab_size": cfg.vocab_size, "num_heads": 3, "num_layers": 1,
+        "tie_lm_head": True}
+save_artifact(sys.argv[1], "medusa", target, arch, heads.state_dict())  # no accuracies, as a published checkpoint
+"""
+
+
+def loaded_first(folder: Path) -> str:
+    log = folder / "specbench.log"
+    return "; the model loaded first" if log.exists() and "backend/dtype" in log.read_text() else ""
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+
+
+def replay_cases(audit: Audit, data: Path):
+    """(case, how it ended, what it lost or got silently wrong, or '')."""
+    def python(code: str, *args: str) -> None:
+        subprocess.run([sys.executable, "-c", code, *args], cwd=audit.scratch, env=audit.env, check=True)
+
+    # 1. a replay into the folder it reads
+    run = audit.finished()
+    rows = len((run / "summary.csv").read_text().splitlines())
+    code, _, err, _ = audit.run(["task=replay", "model=tiny_random", "method=pld", f"replay.run={run}"], run)
+    after = len((run / "summary.csv").read_text().splitlines())
+    task = next((line for line in (run / ".hydra" / "config.yaml").read_text().splitlines()
+                 if line.startswith("task:")), "")
+    yield ("task=replay replay.run=RUN hydra.run.dir=RUN", audit.verdict(code, err),
+           f"summary.csv {rows - 1} rows -> {after - 1}; .hydra/config.yaml `{task}`" if after != rows else "")
+
+    # 2-3. exports into the checkpoint they read, and into a folder holding a Medusa checkpoint
+    eagle, medusa = audit.scratch / "eagle3.safetensors", audit.scratch / "medusa" / "medusa.safetensors"
+    python(EAGLE3, str(eagle))
+    python(MEDUSA, str(medusa))
+    export = ["task=export", "method=eagle", "model=tiny_random", "model.num_layers=8"]
+    out = audit.scratch / "exported"
+    audit.run([*export, f"method.checkpoint={eagle}", f"export.out={out}", "export.dtype=float32"])
+    before = snapshot(out)
+    code, _, err, _ = audit.run([*export, f"method.checkpoint={out}", f"export.out={out}"])
+    yield ("task=export method.checkpoint=DIR export.out=DIR (a float32 EAGLE-3 export)", audit.verdict(code, err),
+           "the float32 checkpoint was replaced by its bfloat16 copy" if snapshot(out) != before else "")
+    (medusa.parent / "config.json").write_text('{"medusa_num_heads": 3}')
+    before = snapshot(medusa.parent)
+    code, _, err, _ = audit.run([*export, f"method.checkpoint={out}", f"export.out={medusa.parent}"])
+    changed = sorted(k for k in before if snapshot(medusa.parent).get(k) != before[k])
+    yield ("task=export export.out=<a folder holding a Medusa checkpoint>", audit.verdict(code, err),
+           f"overwrote {', '.join(changed)}" if changed else "")
+
+    # 4. suffix decoding replayed on its own run's answers (the defaults: a warm-up generation, the memory probe)
+    folder = Path(tempfile.mkdtemp(dir=audit.scratch)) / "run"
+    audit.run([*RUN[:2], "eval.num_prompts=5", "eval.max_new_tokens=48", "eval.fastest_ar=false",
+               "eval.latency_profile=false", "method=suffix"], folder)
+    code, _, err, replayed = audit.run(["task=replay", "model=tiny_random", "method=suffix", f"replay.run={folder}"])
+    import pandas as pd
+
+    tau = pd.read_csv(folder / "summary.csv").set_index("method").loc["suffix", "tau"]
+    again = pd.read_csv(replayed / "summary.csv")["tau"].item() if (replayed / "summary.csv").exists() else None
+    steps = [r["steps"] for r in records(folder) if r["method"] == "suffix"]
+    per = pd.read_csv(replayed / "replay.csv")["steps"].tolist() if (replayed / "replay.csv").exists() else []
+    yield ("task=replay method=suffix on the run's own answers (tiny, 5 prompts)",
+           f"{audit.verdict(code, err)}; replay tau {again:.3f}, run tau {tau:.3f}; steps {per} vs {steps}",
+           "the replay differs from the run" if per != steps else "")
+
+    # 5. calibration files that are not one
+    (data / "no_key.json").write_text('{"depth": 2}')
+    (data / "cut.json").write_text('{"accept_prob": [[0.5, 0.')
+    for name, path in [("without its key", data / "no_key.json"), ("cut short", data / "cut.json"),
+                       ("a folder", data)]:
+        code, _, err, _ = audit.run([*RUN, "method=medusa", f"method.checkpoint={medusa}", "tree=greedy",
+                                     f"tree.accept_prob={path}"])
+        yield f"tree.accept_prob=<a calibration JSON {name}>", audit.verdict(code, err), ""
+
+    # 6, 9, 10. settings refused only after the model loads, or without the fix
+    for name, args in [("eval.engine_options.lookup_tokens=-3", ["eval.engines=[transformers:prompt_lookup]",
+                                                                  "eval.engine_options.lookup_tokens=-3"]),
+                       ("model.weights=w4a8r_g64", ["model.weights=w4a8r_g64"]),
+                       ("model.weights=int4_g64", ["model.weights=int4_g64"]),
+                       ("method=suffix method.drafter.max_depth=1", ["method=suffix", "method.drafter.max_depth=1"]),
+                       ("method=suffix method.drafter.suffix_tree=cpp", ["method=suffix",
+                                                                         "method.drafter.suffix_tree=cpp"])]:
+        code, _, err, folder = audit.run([*RUN, *args])
+        yield name, audit.verdict(code, err) + (loaded_first(folder) if code else ""), (
+            "accepted: ran with it" if code == 0 else "")
+
+    # 7-8. task=calibrate on a 3-head Medusa, and tree=hardware_aware on the file it writes
+    calibrate = ["task=calibrate", "model=tiny_random", "method=medusa", f"method.checkpoint={medusa}",
+                 "eval.dtype=float32", "eval.num_prompts=2", "eval.max_new_tokens=8", "+calibration.ranks=3"]
+    table = audit.scratch / "calibration.json"
+    code, _, err, _ = audit.run([*calibrate, f"+calibration.out={table}"])
+    yield "task=calibrate method=medusa (3 heads; calibration.depth not given)", audit.verdict(code, err), ""
+    code, _, err, _ = audit.run([*calibrate, "+calibration.depth=5"])
+    yield "task=calibrate method=medusa +calibration.depth=5 (3 heads)", audit.verdict(code, err), ""
+    if not table.exists():
+        audit.run([*calibrate, "+calibration.depth=3", f"+calibration.out={table}"])
+    code, _, err, _ = audit.run([*RUN, "method=medusa", f"method.checkpoint={medusa}", "tree=hardware_aware",
+                                 f"tree.accept_prob={table}", "eval.profile_backends=[eager]",
+                                 "eval.profile_weights=[fp]"])
+    yield "method=medusa tree=hardware_aware tree.accept_prob=<task=calibrate's file>", audit.verdict(code, err), ""
+
+    # 11. a read-only cache that holds everything the run needs (a profiled run, then the same run)
+    code, _, err, _ = audit.run(PROFILE)
+    ro = audit.scratch / "ro_cache"
+    ro.mkdir()
+    if code == 0 and subprocess.run(["mount", "--bind", audit.env["SPECBENCH_CACHE"], str(ro)]).returncode == 0:
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(ro)], check=True)
+        env = audit.env
+        audit.env = dict(env, SPECBENCH_CACHE=str(ro))
+        code, _, err, _ = audit.run(PROFILE)
+        audit.env = env
+        subprocess.run(["umount", str(ro)])
+        yield "SPECBENCH_CACHE read-only, holding the profile the run needs", audit.verdict(code, err), ""
+
+    # 11, OpenVINO's cache: an IR exported into the cache, then the same run on it read-only
+    import importlib.util
+
+    if importlib.util.find_spec("openvino") is not None:
+        openvino = [*RUN, "eval.num_prompts=1", "model.backend=openvino", "model.weights=int8"]
+        code, _, err, _ = audit.run(openvino)
+        if code == 0 and subprocess.run(["mount", "--bind", audit.env["SPECBENCH_CACHE"], str(ro)]).returncode == 0:
+            subprocess.run(["mount", "-o", "remount,bind,ro", str(ro)], check=True)
+            env = audit.env
+            audit.env = dict(env, SPECBENCH_CACHE=str(ro))
+            code, _, err, _ = audit.run(openvino)
+            audit.env = env
+            subprocess.run(["umount", str(ro)])
+            yield ("SPECBENCH_CACHE read-only, holding the OpenVINO IR the run needs (model.backend=openvino)",
+                   audit.verdict(code, err), "")
+
+    # 12. prompts longer than the context
+    rows = [{"question_id": "long", "category": "x", "turns": ["word " * 200]},
+            {"question_id": "short", "category": "x", "turns": ["hi"]}]
+    (data / "long.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    code, out_, err, _ = audit.run([*RUN, "model.max_context=64", "dataset=jsonl", f"dataset.path={data}/long.jsonl",
+                                    "eval.max_new_tokens=24"])
+    said = [line for line in out_.splitlines() if "skipped" in line]
+    yield ("a prompt longer than the context (dataset of 2, model.max_context=64)",
+           audit.verdict(code, err) + (f"; printed: `{said[0]}`" if said else ""),
+           "the printed table does not say a prompt was skipped" if code == 0 and not said else "")
+
+
+def busy_case(audit: Audit):
+    """13. the same run while other work holds the CPU (the 1-min load above CPUs + 1)."""
+    code, out_, err, _ = audit.run([*RUN, "eval.num_prompts=3"])
+    said = [line for line in out_.splitlines() if "busy" in line]
+    load = os.getloadavg()[0]
+    yield (f"a run while {os.cpu_count() * 2} busy loops share the CPU (1-min load {load:.1f} on {os.cpu_count()} "
+           f"CPUs)", audit.verdict(code, err) + (f"; printed: `{said[0]}`" if said else ""),
+           "no notice that the timings shared the machine" if code == 0 and not said else "")
+
+
+def replays_main() -> None:
+    parser = argparse.ArgumentParser(description="replays, exports, calibration files and skipped prompts")
+    parser.add_argument("--replays", action="store_true")
+    parser.add_argument("--tree", type=Path, action="append", help="a source tree (repeat for several)")
+    args = parser.parse_args()
+    trees = [t.resolve() for t in args.tree or [Path(__file__).resolve().parents[2]]]
+    for tree in trees:
+        with tempfile.TemporaryDirectory() as tmp:
+            scratch = Path(tmp)
+            (scratch / "data").mkdir()
+            commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=tree, capture_output=True,
+                                    text=True).stdout.strip()
+            print(f"| case | how it ended at {commit} | what it lost or got wrong |\n|---|---|---|")
+            for name, how, wrong in replay_cases(Audit(tree, scratch), scratch / "data"):
+                print(f"| {name} | {how} | {wrong} |", flush=True)
+    # the busy case last, for every tree while the same load holds the CPU
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * os.cpu_count())]
+    try:
+        time.sleep(90)  # the 1-min load average climbs towards the spinners' count
+        for tree in trees:
+            with tempfile.TemporaryDirectory() as tmp:
+                for name, how, wrong in busy_case(Audit(tree, Path(tmp))):
+                    print(f"| {name} ({tree.name}) | {how} | {wrong} |", flush=True)
+    finally:
+        for proc in spinners:
+            proc.kill()
+
+
 if __name__ == "__main__":
-    issue34_main() if "--issue34" in sys.argv else main()
+    if "--issue34" in sys.argv:
+        issue34_main()
+    elif "--replays" in sys.argv:
+        replays_main()
+    else:
+        main()
