@@ -18,10 +18,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import torch
-from transformers import DynamicCache
-
 from specbench.trees.token_tree import TokenTree
-from specbench.verification import commit_path, verify_tree
+from specbench.verification import commit_path, new_cache, verify_tree
 
 CONTEXTS = (30, 250)  # a short prompt and one past the first buckets and static shapes a backend pads to
 CHAINS = (2, 4, 8, 16)
@@ -86,12 +84,12 @@ def check_rows(model, dtype: torch.dtype, vocab: int, contexts=CONTEXTS, chains=
         tokens = torch.randint(vocab, (max([*chains, len(parents)]),), generator=generator)
         checks = [TokenTree.chain(int(tokens[0]), tokens[1:k].tolist()) for k in chains]
         checks.append(TokenTree(tokens[: len(parents)], parents))
-        cache = DynamicCache(config=model.config)  # the prompt, prefilled as the decoder prefills it (one call)
+        cache = new_cache(model)  # the prompt, prefilled as the decoder prefills it (one call)
         model(input_ids=torch.tensor([prompt], device=model.device), past_key_values=cache, use_cache=True)
         plain = {}  # path of tokens -> its last row's logits under plain decoding
         for tree in checks:
             got = verify_tree(model, cache, tree).logits
-            cache.crop(context - cache.get_seq_length())  # back to the prompt alone
+            commit_path(cache, context, [])  # back to the prompt alone
             for node in sorted(range(len(tree)), key=lambda i: -int(tree.depths[i])):  # a deep path holds its prefixes
                 path = tuple(tree.tokens[tree.path_to(node)].tolist())
                 if path not in plain:
@@ -103,7 +101,7 @@ def check_rows(model, dtype: torch.dtype, vocab: int, contexts=CONTEXTS, chains=
     return RowInvariance(verdict(worst, scale, dtype), worst, scale, rows, tuple(contexts))
 
 
-def _plain_rows(model, cache: DynamicCache, path: tuple[int, ...]) -> dict:
+def _plain_rows(model, cache, path: tuple[int, ...]) -> dict:
     """The logits plain decoding gives each prefix of `path` after the prompt in `cache` (one row a call, each
     committed as the decoder commits it); the cache is cropped back to the prompt after."""
     past, out = cache.get_seq_length(), {}
@@ -111,5 +109,5 @@ def _plain_rows(model, cache: DynamicCache, path: tuple[int, ...]) -> dict:
         logits = verify_tree(model, cache, TokenTree.chain(token, [])).logits[0]
         commit_path(cache, past + i, [0])
         out[path[: i + 1]] = logits
-    cache.crop(past - cache.get_seq_length())
+    commit_path(cache, past, [])
     return out
