@@ -16,7 +16,7 @@ How a forward runs (`StaticForward`):
   The mask and positions come from the caller as for any model (verify_tree's 4D tree mask, or none for a causal
   chain), so verification and every drafter run unchanged;
 - one graph per (bucket, ids or embeddings, hidden states asked for): the first call of a kind captures every
-  bucket of it (a warm-up forward on a side stream first, as torch.cuda.graph asks), so an untimed warm-up
+  bucket of it (`capture`: a warm-up forward on a side stream first, as torch.cuda.graph asks), so an untimed warm-up
   generation captures what the timed ones replay, however their tree sizes vary; the capture time is reported as
   `compile_stats`, like compile's;
 - a call of more rows than the largest bucket (a prefill) runs the same forward uncaptured; so does everything on
@@ -30,6 +30,8 @@ from __future__ import annotations
 import copy
 import functools
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -41,6 +43,7 @@ from specbench.execution.static_cache import SlotCache
 GRAPHS = "graphs"
 BUCKETS = (1, 2, 4, 8, 16, 32, 64)  # rows a captured forward takes: plain steps and trees up to the profile's largest
 CAPACITY = 2048  # slots first allocated; the cache doubles when a call needs more (and its graphs are captured again)
+T = TypeVar("T")
 
 
 def unsupported(device: torch.device) -> str | None:
@@ -63,6 +66,22 @@ def check_run(backend: str, device: str, batch_size: int) -> None:
     if batch_size != 1:
         raise SpecbenchError(f"model.backend=graphs decodes one sequence at a time; eval.batch_size={batch_size} is "
                              f"invalid with it: use eval.batch_size=1, or model.backend=eager or compile")
+
+
+def capture(body: Callable[[], T]) -> tuple[torch.cuda.CUDAGraph, T]:
+    """`body`'s kernels captured as one CUDA graph, and what it returned: tensors each replay overwrites. body must
+    read and write only tensors that outlive the graph (inputs filled before each replay, a preallocated cache). It
+    runs once on a side stream first, as torch.cuda.graph asks, so lazy initialisations (cuBLAS workspaces) happen
+    outside the capture. The target's forward is captured with it; a drafter's network can be the same way."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        body()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = body()
+    return graph, outputs
 
 
 @functools.cache
@@ -193,15 +212,7 @@ class StaticForward:
             inputs = self._inputs(bucket, embeds, x)
             inputs["x"].zero_()
             self._fill(inputs, inputs["x"], None, None, bucket, past)
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):  # lazy initialisations (cuBLAS workspaces) happen outside the capture
-                self._body(inputs, hidden)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph):
-                outputs = self._body(inputs, hidden)
-            self.graphs[bucket, embeds, hidden] = graph, outputs
+            self.graphs[bucket, embeds, hidden] = capture(lambda: self._body(inputs, hidden))  # noqa: B023
             self.stats.graphs += 1
         torch.cuda.synchronize()
         self.stats.seconds += time.perf_counter() - start
