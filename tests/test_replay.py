@@ -46,6 +46,7 @@ def test_a_replay_takes_the_steps_the_run_took(run, tmp_path, method):
     assert smaller["tau"].item() < out["tau"].item()
 
 
+@pytest.mark.slow
 def test_a_resumed_run_drafts_as_the_unbroken_one_and_its_replay_takes_its_steps(tmp_path):
     """Killed after 2 prompts and resumed for 4, suffix decoding first learns the folder's answers (its global tree
     would otherwise start empty), so every answer takes the steps of a run never stopped, and of the replay."""
