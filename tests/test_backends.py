@@ -332,7 +332,7 @@ def test_auto_runs_on_the_profiles_cheapest_verify_and_judges_it_against_the_fas
 
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
     cost = {("eager", "float32"): lambda n: 50 + 5 * n, ("prepacked", "float32"): lambda n: 40 + 1 * n,
-            ("eager", "bfloat16"): lambda n: 25 + 15 * n}
+            ("eager", "bfloat16"): lambda n: 10 + 15 * n}
     rows = [{"backend": b, "dtype": d, "context": c, "tokens": n, "ms": float(f(n))}
             for (b, d), f in cost.items() for c in (128, 256, 1024) for n in (1, 2, 4, 8, 16, 32, 64)]
     peaks = {"peak_tflops": {"float32": 0.1, "bfloat16": 0.1}, "mem_bandwidth_gbs": 10.0, "layer_overhead_ms": 0.1,
@@ -343,10 +343,12 @@ def test_auto_runs_on_the_profiles_cheapest_verify_and_judges_it_against_the_fas
     profile_path("tiny_random", "cpu").write_text(profile.to_json())
     overrides = ["model=tiny_random", "model.backend=auto", "eval.dtype=auto", "eval.fastest_ar=true",
                  "eval.profile_backends=[eager,prepacked]", "eval.profile_weights=[fp]", "eval.num_prompts=1", "eval.max_new_tokens=12",
-                 "eval.warmup=0", "eval.memory_probe=false", "eval.first_turn_only=true", "tree.budget=8"]
+                 "eval.warmup=0", "eval.memory_probe=false", "eval.first_turn_only=true", "tree.budget=8",
+                 "eval.profile_context=8"]
     summary = eval_task.run(compose_cfg(overrides, tmp_path / "run")).set_index("method")
     assert list(summary.index) == ["autoregressive", "autoregressive@eager/bfloat16", "pld"]
-    assert tuple(summary.loc["pld", ["backend", "dtype"]]) == ("prepacked", "float32")  # L(8): 48 vs 90, 145 ms; L(1): bf16 40 < 41
+    # L(8): 48 vs 90, 130 ms; an 8-token prompt and 12 tokens: bf16 130 + 12 x 25 < prepacked 48 + 12 x 41
+    assert tuple(summary.loc["pld", ["backend", "dtype"]]) == ("prepacked", "float32")
     assert tuple(summary.loc["autoregressive@eager/bfloat16", ["backend", "dtype"]]) == ("eager", "bfloat16")
     assert summary.loc["pld", "fastest_ar"] in ("autoregressive", "autoregressive@eager/bfloat16")
 

@@ -231,13 +231,25 @@ def test_auto_dtype_picks_the_cheapest_verify_and_names_the_fastest_plain_decodi
         plan("auto", "tvm", profile, 16, 256)
 
 
+def test_the_fastest_plain_decoding_is_ranked_by_a_whole_answer_prefill_included():
+    """bf16 has the cheaper one-token step here (30 against 51 ms) but its forward grows 15 ms a row: a 128-token
+    prompt and 32 new tokens cost it 1935 + 32 x 30 ms against float32's 178 + 32 x 51, so float32 is the fastest plain
+    decoding of that answer, as the headline's tokens/s (prefill included) will measure; a long answer of one-token
+    steps is bf16's again."""
+    profile = hand_made_profile(fast_small="bfloat16", fast_large="float32")
+    assert plan("float32", "eager", profile, 16, 256).fastest_ar == ("eager", "bfloat16", "fp")  # one token alone
+    assert plan("float32", "eager", profile, 16, 256, answer=(128, 32)).fastest_ar == ("eager", "float32", "fp")
+    assert plan("float32", "eager", profile, 16, 256, answer=(128, 512)).fastest_ar == ("eager", "bfloat16", "fp")
+
+
 def test_a_run_also_decodes_plain_ar_in_the_dtype_fastest_for_it_and_reports_speed_against_it(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
     path = profile_path("tiny_random", "cpu")
     path.parent.mkdir(parents=True)
     path.write_text(hand_made_profile(fast_small="bfloat16", fast_large="float32").to_json())
     overrides = [*FAST, "eval.dtype=auto", "eval.fastest_ar=true", "eval.num_prompts=2", "eval.first_turn_only=true",
-                 "eval.profile_backends=[eager]", "eval.profile_weights=[fp]"]
+                 "eval.profile_backends=[eager]", "eval.profile_weights=[fp]",
+                 "eval.profile_context=8"]  # short prompts: bf16's cheaper one-token step wins the answer
     summary = eval_task.run(compose_cfg(overrides, tmp_path / "run")).set_index("method")
     assert list(summary.index) == ["autoregressive", "autoregressive@bfloat16", "pld"]
     assert summary.loc["autoregressive", "dtype"] == "float32" and summary.loc["autoregressive@bfloat16", "dtype"] == "bfloat16"

@@ -320,6 +320,7 @@ def test_auto_runs_the_quantised_target_the_profile_finds_cheapest_and_judges_it
     overrides = ["model=tiny_random", "model.backend=eager", "eval.dtype=float32", "model.weights=auto",
                  "eval.fastest_ar=true", "eval.profile_backends=[eager]", "eval.profile_weights=[fp,int8,int4]",
                  "eval.plain_executions=[eager/float32]", "eval.num_prompts=2", "eval.max_new_tokens=16",
+                 "eval.profile_context=8",  # short prompts: int4's cheaper one-token step wins the answer
                  "eval.warmup=0", "eval.memory_probe=false", "eval.first_turn_only=true"]
     summary = eval_task.run(compose_cfg(overrides, tmp_path / "run")).set_index("method")
     assert list(summary.index) == ["autoregressive", "autoregressive@int4_g32", "autoregressive@eager/float32",

@@ -119,8 +119,10 @@ def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Pat
                                       contexts=profile_contexts(cfg), backends=backends,
                                       weights=formats).only(backends, dtypes, formats) if wants_profile else None
     context = cfg.eval.profile_context + cfg.eval.max_new_tokens / 2
+    # the plain decodings are ranked by a whole answer, prefill included, as the headline's tokens/s counts them;
+    # before the data loads, the profile's context stands for the prompt's length
     execution = plan(cfg.eval.dtype, backend, machine, float(np.mean([t.budget for t in req.trees])), context,
-                     weights, formats)
+                     weights, formats, (cfg.eval.profile_context, cfg.eval.max_new_tokens))
     log.info("backend/dtype/weights %s", execution.reason)
     if machine is not None and formats == ["fp"]:
         log.info("speedup_any weighs float weights only (eval.profile_weights=[fp]); eval.profile_weights=[fp,int8,int4] "

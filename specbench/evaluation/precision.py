@@ -49,10 +49,12 @@ def check_dtype(name: str) -> None:
 
 
 def plan(dtype: str, backend: str, profile: MachineProfile | None, tree_size: float, context: float,
-         weights: str = "fp", profile_weights=None) -> ExecutionPlan:
+         weights: str = "fp", profile_weights=None, answer: tuple[float, int] = ()) -> ExecutionPlan:
     """dtype, backend, weights: auto or a name each (weights a format name: fp, int8, int4_g32); profile: None when
     nothing asks for it (all set, no fastest-AR baseline, no hardware-aware tree). profile_weights: the formats the
-    fastest plain decoding and weights=auto choose among (None: every one the profile measured)."""
+    fastest plain decoding and weights=auto choose among (None: every one the profile measured). answer: (prompt
+    tokens, new tokens) of a typical answer, which the fastest plain decoding is ranked by (fastest_plain); none: by
+    one token's forward."""
     check_dtype(dtype)
     check_backend(backend)
     given = f"{Execution(backend, dtype, weights).label}: set by model.backend, eval.dtype and model.weights"
@@ -60,20 +62,20 @@ def plan(dtype: str, backend: str, profile: MachineProfile | None, tree_size: fl
         if AUTO in (dtype, backend, weights):
             raise SpecbenchError("eval.dtype=auto, model.backend=auto and model.weights=auto need the machine profile")
         return ExecutionPlan(backend, dtype, given, Execution(backend, dtype, weights), weights)
-    fastest = fastest_plain(profile, context, weights=profile_weights)
+    fastest = fastest_plain(profile, context, profile_weights, *answer)
     if AUTO not in (dtype, backend, weights):
-        return ExecutionPlan(backend, dtype, given, fastest, weights, _fastest_same(profile, context, weights))
+        return ExecutionPlan(backend, dtype, given, fastest, weights, _fastest_same(profile, context, weights, answer))
     measured = list(profile_weights) if profile_weights is not None else list(
         dict.fromkeys(e.weights for e in profile.executions))
     chosen, reason = choose_execution(
         profile, tree_size, context, None if backend == AUTO else [backend], None if dtype == AUTO else [dtype],
         measured if weights == AUTO else [weights], fastest)
     return ExecutionPlan(chosen.backend, chosen.dtype, reason, fastest, chosen.weights,
-                         _fastest_same(profile, context, chosen.weights))
+                         _fastest_same(profile, context, chosen.weights, answer))
 
 
-def _fastest_same(profile: MachineProfile, context: float, weights: str) -> Execution | None:
+def _fastest_same(profile: MachineProfile, context: float, weights: str, answer: tuple = ()) -> Execution | None:
     """The fastest measured plain decoding of `weights` (any backend and dtype), None when none was measured."""
     if not any(e.weights == weights for e in profile.executions):
         return None
-    return fastest_plain(profile, context, weights=[weights])
+    return fastest_plain(profile, context, [weights], *answer)

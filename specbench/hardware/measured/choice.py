@@ -38,12 +38,17 @@ def choose_execution(profile: MachineProfile, tree_size: float, context: float, 
     return best, reason
 
 
-def fastest_plain(profile: MachineProfile, context: float, weights=None) -> Execution:
-    """The execution of the cheapest one-token forward among the measured ones (with weights in
-    `weights`, None: any): the plain decoding every speedup is judged against, a quantised target's included: it
-    is the fastest plain decoding this machine offers."""
+def fastest_plain(profile: MachineProfile, context: float, weights=None, prompt: float = 0.0,
+                  new_tokens: int = 1) -> Execution:
+    """The execution whose plain decoding of a `prompt`-token prompt and `new_tokens` answer tokens costs least by the
+    profile (the prompt's one forward, then one-token forwards at `context`), among the measured ones with weights in
+    `weights` (None: any): the plain decoding every speedup is judged against, a quantised target's included. The
+    prefill counts because the headline's tokens/s does: where a dtype's forward grows steeply with its rows (bf16
+    without native bf16 units), the fastest one-token step can still lose the whole answer."""
     allowed = [e for e in profile.executions if weights is None or e.weights in weights] \
         or profile.executions  # none of `weights` could run here (unsupported): any measured one
-    return min(allowed, key=lambda e: profile.latency_ms(e.dtype, 1, context, e.backend, e.weights))
 
-
+    def answer_ms(e: Execution) -> float:
+        prefill = profile.latency_ms(e.dtype, prompt, 0, e.backend, e.weights) if prompt else 0.0
+        return prefill + new_tokens * profile.latency_ms(e.dtype, 1, context, e.backend, e.weights)
+    return min(allowed, key=answer_ms)
