@@ -160,18 +160,16 @@ def test_the_row_invariant_attention_equals_sdpa_and_computes_a_row_alike_whethe
 
 
 @pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed")
-def test_openvino_runs_batch_one_calls_at_a_padded_static_shape_with_the_dynamic_models_outputs(tiny, fast):
-    """Rows and cached tokens are padded up to a compiled static shape (masked rows and keys): the logits, hidden
-    states and cache rows a call gives are the dynamic model's, and only the call's own rows reach the cache."""
+def test_openvino_runs_batch_one_calls_at_a_compiled_row_count_with_the_dynamic_models_outputs(tiny, fast):
+    """Rows are padded up to a model compiled for that row count (masked rows): the logits, hidden states and cache
+    rows a call gives are the dynamic model's, and only the call's own rows reach the cache."""
     model = fast["openvino"].model
-    assert model._static_shape(1, 3, 20) == (4, 256) and model._static_shape(1, 1, 300) == (1, 512)
-    assert model._static_shape(1, 17, 20) is None and model._static_shape(2, 1, 20) is None
-    assert model._static_shape(1, 1, 513) is None
+    assert model._rows(3) == 4 and model._rows(1) == 1 and model._rows(16) == 16 and model._rows(17) is None
     prompt, tree = torch.arange(10, 30)[None], TokenTree(torch.tensor([5, 7, 9]), torch.tensor([-1, 0, 0]))
-    outputs, static = [], model.static
+    outputs, by_rows = [], model.by_rows
     try:
-        for shapes in (static, {}):
-            model.static = shapes
+        for compiled_rows in (by_rows, {}):
+            model.by_rows = compiled_rows
             with torch.inference_mode():
                 cache = DynamicCache()
                 model(input_ids=prompt, past_key_values=cache, use_cache=True)
@@ -179,7 +177,7 @@ def test_openvino_runs_batch_one_calls_at_a_padded_static_shape_with_the_dynamic
                 step = model(input_ids=torch.tensor([[3]]), past_key_values=cache, output_hidden_states=True)
             outputs.append((out.logits, step.logits, step.hidden_states, cache.layers[0].keys))
     finally:
-        model.static = static
+        model.by_rows = by_rows
     (tree_a, step_a, hidden_a, keys_a), (tree_b, step_b, hidden_b, keys_b) = outputs
     assert tree_a.shape == tree_b.shape == (3, tiny.model.config.vocab_size)
     assert keys_a.shape[-2] == keys_b.shape[-2] == 20 + 3 + 1  # the padding rows never reach the cache
@@ -189,9 +187,10 @@ def test_openvino_runs_batch_one_calls_at_a_padded_static_shape_with_the_dynamic
 
 
 @pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed")
-def test_openvino_caches_kept_in_a_static_shapes_memory_survive_another_cache_using_it(tiny, fast):
-    """After a static call a cache's layers are views of that shape's input memory (nothing copied in next time); a
-    second cache decoding at the same shape in between must not change what the first one holds or computes."""
+def test_openvino_reads_each_cache_in_place_and_another_cache_between_its_steps_changes_nothing(tiny, fast):
+    """A cache's layers are views of its own buffer, which OpenVINO reads as the call's input: a step copies nothing
+    in (the layers stay views of the same memory, grown by the new rows); a second cache decoding between the first's
+    steps leaves what the first holds and computes as it was alone."""
     from specbench.execution.openvino.forward import views
 
     model = fast["openvino"].model
@@ -210,27 +209,86 @@ def test_openvino_caches_kept_in_a_static_shapes_memory_survive_another_cache_us
     expected = steps(alone, [5, 6, 7, 8])
     first, second = prefilled(list(range(10, 30))), prefilled(list(range(40, 70)))
     got = steps(first, [5, 6])
-    request_memory = model.static[(1, 256)].get_input_tensor(3).data
-    assert views(first.layers[0].keys, torch.from_numpy(request_memory)[0])  # kept in the request's memory
+    buffer = model.buffers.holding(first, 0)
+    assert all(views(layer.keys, keys) and views(layer.values, values)
+               for layer, keys, values in zip(first.layers, buffer.layers[0::2], buffer.layers[1::2]))
     keys = first.layers[0].keys.clone()
-    steps(second, [1, 2, 3])  # the same shape, another cache: it writes that memory
-    assert torch.equal(first.layers[0].keys, keys)
+    steps(second, [1, 2, 3])
+    assert torch.equal(first.layers[0].keys, keys) and model.buffers.holding(second, 0) is not buffer
     got += steps(first, [7, 8])
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(got, expected))
     assert first.get_seq_length() == alone.get_seq_length() == 24
+    assert views(first.layers[-1].values, buffer.layers[-1])  # still read in place
 
 
 @pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed")
-def test_openvino_compiles_only_the_static_shapes_its_memory_budget_holds(tiny, fast, monkeypatch):
-    """Every static shape is a compiled model of its own (~1.2 GiB for SmolLM2's float weights): the first is always
+def test_openvino_verifies_past_a_cache_step_and_keeps_only_the_logits_and_hidden_states_asked_for(tiny, fast):
+    """A cache outgrowing its buffer (CACHE_STEP tokens) moves into a larger one once and decodes on; a tree verify
+    there equals eager one-token forwards, after an accepted branch is committed in place too. A prefill asked for
+    the last row's logits (logits_to_keep=1) projects that row alone, and hidden states come out only when asked."""
+    from specbench.execution.openvino.forward import CACHE_STEP, views
+
+    model = fast["openvino"].model
+    prompt = torch.arange(CACHE_STEP - 6)[None] % 200 + 10
+    tree = TokenTree(torch.tensor([5, 7, 9, 11, 13]), torch.tensor([-1, 0, 0, 1, 3]))  # deeper than the slots left
+    with torch.inference_mode():
+        cache = DynamicCache()
+        first = model(input_ids=prompt, past_key_values=cache, logits_to_keep=1)
+        assert first.logits.shape == (1, 1, tiny.model.config.vocab_size) and first.hidden_states is None
+        full = model(input_ids=prompt, past_key_values=DynamicCache(), output_hidden_states=True)
+        assert torch.allclose(first.logits[0, 0], full.logits[0, -1], atol=1e-5)
+        assert len(full.hidden_states) == tiny.model.config.num_hidden_layers + 1
+        assert full.hidden_states[-1].shape == (1, prompt.shape[1], tiny.model.config.hidden_size)
+        for token in (3, 4, 5):
+            model(input_ids=torch.tensor([[token]]), past_key_values=cache)
+        past = cache.get_seq_length()
+        logits = verify_tree(model, cache, tree).logits
+        assert model.buffers.holding(cache, 0).capacity == 2 * CACHE_STEP
+        commit_path(cache, past, [0, 1, 3])
+        after = verify_tree(model, cache, TokenTree(torch.tensor([13]), torch.tensor([-1]))).logits
+        context = torch.cat([prompt[0], torch.tensor([3, 4, 5])])
+        for node in range(len(tree)):
+            ref = tiny.model(input_ids=torch.cat([context, tree.tokens[tree.path_to(node)]])[None]).logits[0, -1]
+            assert torch.allclose(logits[node], ref, atol=1e-4), node
+        ref = tiny.model(input_ids=torch.cat([context, torch.tensor([5, 7, 11, 13])])[None]).logits[0, -1]
+        assert torch.allclose(after[0], ref, atol=1e-4)
+        assert views(cache.layers[0].keys, model.buffers.holding(cache, 0).layers[0])
+
+
+@pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed")
+def test_openvino_decodes_a_batch_of_padded_sequences_as_each_alone(tiny, fast):
+    """A batch of several sequences (left padding, a 2D mask) runs the dynamic model with its cache copied in; each
+    sequence's logits equal its own batch-1 decoding."""
+    model = fast["openvino"].model
+    prompts = [list(range(10, 30)), list(range(40, 52))]
+    width = max(map(len, prompts))
+    ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    positions = (mask.cumsum(1) - 1).clamp(min=0)
+    with torch.inference_mode():
+        cache = DynamicCache()
+        out = model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache)
+        step = model(input_ids=torch.tensor([[3], [4]]), attention_mask=torch.cat([mask, torch.ones(2, 1)], 1).long(),
+                     position_ids=positions[:, -1:] + 1, past_key_values=cache)
+        for row, (prompt, token) in enumerate(zip(prompts, (3, 4))):
+            alone = DynamicCache()
+            first = model(input_ids=torch.tensor([prompt]), past_key_values=alone).logits[0, -1]
+            second = model(input_ids=torch.tensor([[token]]), past_key_values=alone).logits[0, -1]
+            assert torch.allclose(out.logits[row, -1], first, atol=1e-4), row
+            assert torch.allclose(step.logits[row, -1], second, atol=1e-4), row
+
+
+@pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed")
+def test_openvino_compiles_only_the_row_counts_its_memory_budget_holds(tiny, fast, monkeypatch):
+    """Every row count is a compiled model of its own (a resident copy of the compiled weights): the first is always
     built, the next only while the largest one's measured cost fits what is left of STATIC_MEMORY of the available
-    memory; a call no static shape holds runs the dynamic model, with the same outputs."""
+    memory; a call no compiled row count holds runs the dynamic model, with the same outputs."""
     from specbench.execution import openvino
     from specbench.execution.openvino import compile as compiling
 
     monkeypatch.setattr(compiling, "available_bytes", lambda: 1)  # nothing to spare: the first shape only
     lean = with_backend(tiny, "openvino").model
-    assert list(lean.static) == [(openvino.STATIC_ROWS[0], openvino.STATIC_CONTEXTS[0])]
+    assert list(lean.by_rows) == [openvino.STATIC_ROWS[0]]
     prompt, tree = torch.arange(10, 30)[None], TokenTree(torch.tensor([5, 7, 9]), torch.tensor([-1, 0, 0]))
     logits = []
     for model in (lean, fast["openvino"].model):
@@ -238,7 +296,7 @@ def test_openvino_compiles_only_the_static_shapes_its_memory_budget_holds(tiny, 
             cache = DynamicCache()
             model(input_ids=prompt, past_key_values=cache, use_cache=True)
             logits.append(verify_tree(model, cache, tree).logits)
-    assert lean._static_shape(1, 3, 20) is None and fast["openvino"].model._static_shape(1, 3, 20) is not None
+    assert lean._rows(3) is None and fast["openvino"].model._rows(3) is not None
     assert torch.allclose(logits[0], logits[1], atol=1e-5)
 
 
@@ -439,8 +497,10 @@ def test_a_run_on_openvino_int4_is_lossless_against_its_own_plain_decoding_besid
 
 @pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed")
 def test_openvino_w4a8_is_the_int4_ir_compiled_with_activations_quantised_on_the_fly(tiny, fast):
-    """w4a8_g<group> reads the int4_g<group> IR (no second export) and compiles it, every static shape too, with
-    OpenVINO's dynamic quantisation on, where int4 keeps it off; the same weights give nearly the same logits."""
+    """w4a8_g<group> reads the int4_g<group> IR (no second export) and compiles it, every row count too, with
+    OpenVINO's dynamic quantisation on, where int4 keeps it off; the same weights give nearly the same logits. Where
+    this CPU's plugin quantises no activations (quantises_activations, asked of the plugin) w4a8 computes int4's
+    numbers bitwise and claims what int4 claims of a verify's rows (float rounding), else it claims nothing."""
     from specbench.execution import openvino
     from specbench.execution.value import Execution
     from specbench.models.loading import cache_dir
@@ -451,12 +511,17 @@ def test_openvino_w4a8_is_the_int4_ir_compiled_with_activations_quantised_on_the
     assert "w4a8_g32" not in folders and "int4_g32" in folders
     for weights, group in (("int4_g32", 0), ("w4a8_g32", openvino.DYNAMIC_GROUP)):
         model = runs[weights].model
-        for request in (model.request, *model.static.values()):
+        for request in (model.request, *model.by_rows.values()):
             assert request.get_compiled_model().get_property("DYNAMIC_QUANTIZATION_GROUP_SIZE") == group, weights
     prompt = torch.arange(10, 30)[None]
     with torch.inference_mode():
         logits = [runs[w].model(input_ids=prompt, past_key_values=DynamicCache()).logits for w in runs]
     assert torch.allclose(logits[0], logits[1], atol=0.1)
+    assert runs["int4_g32"].model.claims == openvino.ROUNDING
+    if openvino.quantises_activations():
+        assert runs["w4a8_g32"].model.claims == openvino.DIFFERS
+    else:
+        assert runs["w4a8_g32"].model.claims == openvino.ROUNDING and torch.equal(logits[0], logits[1])
 
 
 @pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed")
@@ -470,7 +535,7 @@ def test_openvino_w4a8r_verifies_a_tree_bitwise_as_its_own_one_token_forwards_an
 
     run = Execution("openvino", "float32", "w4a8r_g32").apply(tiny)
     model = run.model
-    assert model.row_invariant and min(rows for rows, _ in model.static) == 2
+    assert model.row_invariant and min(model.by_rows) == 2 and model.claims == "bitwise"
     assert model.prefill is not None and not model.prefill.row_invariant
     prompt = torch.arange(10, 50)[None]  # deeper than RECENT_DEPTH
     tree = TokenTree(torch.tensor([5, 7, 9, 11, 13]), torch.tensor([-1, 0, 0, 1, 3]))

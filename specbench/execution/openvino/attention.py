@@ -9,8 +9,9 @@ import torch
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from transformers.modeling_utils import AttentionInterface
 
-ATTENTION = "specbench_split_v1"
-ROW_INVARIANT_ATTENTION = "specbench_recent_v1"
+# the registered names, which also key the IR cache: a new IR layout (its attention, inputs or outputs) takes a new one
+ATTENTION = "specbench_split_v2"
+ROW_INVARIANT_ATTENTION = "specbench_recent_v2"
 # recent_attention's window: a row at position P reads the keys below b(P) = floor((P - RECENT_DEPTH) / RECENT_STRIDE)
 # * RECENT_STRIDE from the cache as it lies and those from b(P) to P gathered in a block of RECENT_WINDOW slots; a call
 # may hold rows at most RECENT_DEPTH positions past its cache (a longer chain runs in pieces; a prefill, in one call of

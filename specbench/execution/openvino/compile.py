@@ -4,6 +4,7 @@ rows runs, and the memory budget that bounds how many of them are built."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -23,15 +24,15 @@ from specbench.models.loading import cache_dir
 # DYNAMIC_GROUP (what its GenAI engine runs); w4a8r_g<group> runs it row-invariant (route.py)
 PROPERTIES = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32", "DYNAMIC_QUANTIZATION_GROUP_SIZE": 0}
 DYNAMIC_GROUP = 32
-# batch-1 calls of at most STATIC_ROWS[-1] rows against at most STATIC_CONTEXTS[-1] cached tokens run a model compiled
-# for their shape padded up to these (masked rows and keys): a dynamic-shape call of the CPU plugin prepares its nodes
-# for the shape on every call, a static one does not (experiments/openvino_same_model). Each shape costs seconds to
-# compile and a resident copy of the compiled weights, so a few: rows for plain decoding, a chain or a small tree, a
-# 16-node tree; other calls (prefill, larger trees and contexts, batches) take the dynamic model. Compiled in this
-# order while they fit in STATIC_MEMORY of the memory available at the build (a compile's resident cost, measured on
-# the first)
+# batch-1 calls of at most STATIC_ROWS[-1] rows run a model compiled for that many rows (the call's padded up to it:
+# masked rows), its context dynamic: the CPU plugin prepares a node for its input shapes when they change, and a
+# kernel compiled for a static row count runs faster than the dynamic model's at the same shape
+# (experiments/openvino_engine_speed), while the context moves only the attention's shapes, in steps of the cache
+# buffer's capacity (forward.CACHE_STEP). Each costs seconds to compile and a resident copy of the compiled weights,
+# so a few: rows for plain decoding, a 16-node tree, a chain or a small tree; other calls (prefill, larger trees,
+# batches) take the dynamic model. Compiled in this order while they fit in STATIC_MEMORY of the memory available at
+# the build (a compile's resident cost, measured on the first)
 STATIC_ROWS = (1, 16, 4, 8)
-STATIC_CONTEXTS = (256, 512)
 STATIC_MEMORY = 0.25
 log = logging.getLogger(__name__)
 
@@ -46,22 +47,47 @@ def compiled(model, properties: dict = PROPERTIES):
     return core.compile_model(model, "CPU", properties | {"INFERENCE_NUM_THREADS": torch.get_num_threads()})
 
 
-def static_models(xml: str, properties: dict, static_rows: tuple[int, ...] = STATIC_ROWS) -> dict:
-    """(rows, context) -> the IR compiled for that static shape, in STATIC_CONTEXTS x `static_rows` order while the
-    next one's resident cost (the largest seen so far) fits in what STATIC_MEMORY of the available memory leaves."""
+def row_models(xml: str, properties: dict, static_rows: tuple[int, ...] = STATIC_ROWS) -> dict:
+    """rows -> the IR compiled for batch 1 and that many rows (context dynamic), in `static_rows` order while the next
+    one's resident cost (the largest seen so far) fits in what STATIC_MEMORY of the available memory leaves."""
     budget, models, cost = STATIC_MEMORY * (available_bytes() or math.inf), {}, 0
     start, resident = time.perf_counter(), resident_bytes()
-    for shape in ((rows, context) for context in STATIC_CONTEXTS for rows in static_rows):
+    for rows in static_rows:
         if cost > budget:
             break
         before = resident_bytes()
-        models[shape] = compiled(reshaped(xml, *shape), properties)
+        models[rows] = compiled(reshaped(xml, rows), properties)
         grown = resident_bytes() - before
         budget, cost = budget - grown, max(cost, grown)
-    log.info("openvino: %d of %d static shapes (rows, cached tokens) compiled in %.1f s, %d MiB resident: %s; other "
-             "calls run the dynamic-shape model", len(models), len(static_rows) * len(STATIC_CONTEXTS),
-             time.perf_counter() - start, (resident_bytes() - resident) // 2**20, sorted(models))
+    log.info("openvino: %d of %d row counts compiled in %.1f s, %d MiB resident: %s; other calls run the dynamic-shape "
+             "model", len(models), len(static_rows), time.perf_counter() - start,
+             (resident_bytes() - resident) // 2**20, sorted(models))
     return models
+
+
+@functools.lru_cache(maxsize=None)
+def quantises_activations() -> bool:
+    """Whether OpenVINO's CPU plugin quantises activations on the fly on this CPU when asked (DYNAMIC_GROUP): its
+    dynamic quantisation needs int8 dot products (VNNI, AMX), and where they are missing it runs its float kernels,
+    so the instruction set alone does not say. Asked of the plugin: the same rows through one int4 linear in NNCF's
+    asymmetric grouped layout (the pattern the plugin compiles as a compressed FullyConnected), compiled with it on
+    and off, differ where it does."""
+    import numpy as np
+    import openvino as ov
+    from openvino import opset13 as ops
+
+    rng = np.random.default_rng(0)
+    rows, width, out, group = 4, 576, 1536, DYNAMIC_GROUP
+    x = ops.parameter([-1, width], ov.Type.f32)
+    codes, zero = (ops.constant(rng.integers(0, 16, shape).astype(np.uint8), dtype=ov.Type.u4)
+                   for shape in ((out, width // group, group), (out, width // group, 1)))
+    scale = ops.constant((rng.random((out, width // group, 1)) / 100).astype(np.float32))
+    weight = ops.multiply(ops.subtract(ops.convert(codes, ov.Type.f32), ops.convert(zero, ov.Type.f32)), scale)
+    weight = ops.reshape(weight, ops.constant(np.array([out, width], np.int64)), False)
+    model = ov.Model([ops.matmul(x, weight, False, True)], [x])
+    inputs = rng.standard_normal((rows, width)).astype(np.float32)
+    first, second = (compiled(model, PROPERTIES | {"DYNAMIC_QUANTIZATION_GROUP_SIZE": g})(inputs)[0] for g in (0, group))
+    return not np.array_equal(first, second)
 
 
 def available_bytes() -> int | None:
@@ -88,15 +114,15 @@ def resident_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024
 
 
-def reshaped(xml: str, rows: int, context: int):
-    """The IR at `xml` with every input of a static shape: batch 1, `rows` new rows, `context` cached tokens."""
+def reshaped(xml: str, rows: int):
+    """The IR at `xml` for batch 1 and `rows` new rows (every row's logits), its context dynamic."""
     import openvino as ov
 
     model = ov.Core().read_model(xml)
     past, hidden = (model.input(name).get_partial_shape() for name in ("past", "inputs_embeds"))
     row_invariant = any(RECENT_INPUTS[0] in port.get_names() for port in model.inputs)
-    shapes = {"inputs_embeds": [1, rows, hidden[2].get_length()],
-              "attention_mask": [1, 1, rows, context + (0 if row_invariant else rows)], "position_ids": [1, rows],
-              "past": [past[0].get_length(), 1, past[2].get_length(), context, past[4].get_length()]}
+    shapes = {"inputs_embeds": [1, rows, hidden[2].get_length()], "attention_mask": [1, 1, rows, -1],
+              "position_ids": [1, rows], "past": [past[0].get_length(), 1, past[2].get_length(), -1,
+                                                  past[4].get_length()], "logits_rows": [rows], "hidden_rows": [-1]}
     model.reshape(shapes | ({name: [rows, RECENT_WINDOW] for name in RECENT_INPUTS} if row_invariant else {}))
     return model

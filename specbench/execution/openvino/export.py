@@ -22,6 +22,9 @@ from specbench.execution.openvino.attention import ATTENTION, RECENT_INPUTS, ROW
 from specbench.models.loading import LoadedModel, cache_dir
 from specbench.models.shape import head_dim
 
+# the IR's inputs in order (recent_attention's window inputs follow them in its layout)
+INPUTS = ("inputs_embeds", "attention_mask", "position_ids", "past", "logits_rows", "hidden_rows")
+
 
 def ir_folder(loaded: LoadedModel, kind: str, layout: str = "") -> Path:
     """Where an IR of `loaded`'s float weights is cached: keyed by the model's source and config, two of its weights
@@ -65,25 +68,27 @@ def flat_cache(config, past) -> DynamicCache:
 
 
 class _Traced(nn.Module):
-    """The forward the IR holds: embeddings, mask, positions and the cache in; logits, hidden states and the new rows'
-    keys and values out. The cache goes in as one tensor (every layer's keys and values stacked: 2 x layers, batch,
-    heads, tokens, head dim) and the hidden states and new rows come out stacked the same way: OpenVINO pays per input
-    and output of a dynamic shape on every call (experiments/openvino_same_model). The model runs with the layout's
-    attention (attention.py): its own cache holds only the new rows, and the cached ones reach the attention as
-    `cached_kv` (recent_attention's window inputs as `recent`)."""
+    """The forward the IR holds: embeddings, mask, positions, the cache and the rows whose logits and hidden states
+    are wanted in; those logits and hidden states and the new rows' keys and values out. The cache goes in as one
+    tensor (every layer's keys and values stacked: 2 x layers, batch, heads, tokens, head dim) and the hidden states
+    and new rows come out stacked the same way: OpenVINO pays per input and output on every call
+    (experiments/openvino_same_model). `logits_rows` and `hidden_rows` (row indices) keep a prefill from projecting
+    every prompt row onto the vocabulary and a call whose drafter reads no hidden state from copying them out. The model
+    runs with the layout's attention (attention.py): its own cache holds only the new rows, and the cached ones reach
+    the attention as `cached_kv` (recent_attention's window inputs as `recent`)."""
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
 
-    def forward(self, inputs_embeds, attention_mask, position_ids, past, *recent):
+    def forward(self, inputs_embeds, attention_mask, position_ids, past, logits_rows, hidden_rows, *recent):
         layers = past.unbind(0)
         cache = flat_cache(self.model.config, [t[:, :, :0] for t in layers])
         out = self.model(inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids,
                          past_key_values=cache, use_cache=True, output_hidden_states=True, cached_kv=layers,
-                         recent=recent)
+                         recent=recent, logits_to_keep=logits_rows)
         new = [t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)]
-        return out.logits, torch.stack(out.hidden_states), torch.stack(new)
+        return out.logits, torch.stack(out.hidden_states).index_select(2, hidden_rows), torch.stack(new)
 
 
 def exported(fp32: LoadedModel, stored: str, layout: str) -> str:
@@ -105,7 +110,7 @@ def export(model: nn.Module, weights: str, folder: Path, layout: str = ATTENTION
     row_invariant = layout == ROW_INVARIANT_ATTENTION
     mask = torch.ones(n, past + (0 if row_invariant else n), dtype=torch.bool).tril(past)[None, None]
     example = (torch.zeros(1, n, config.hidden_size), mask, torch.arange(past, past + n)[None],
-               torch.zeros(2 * layers, 1, kv_heads, past, width))
+               torch.zeros(2 * layers, 1, kv_heads, past, width), torch.arange(n), torch.arange(n))
     if row_invariant:  # the window's inputs: slot, row, which, seen (any values of their types trace the graph)
         index, flags = torch.zeros(n, 4, dtype=torch.long), torch.ones(n, 4, dtype=torch.bool)
         example += (index, index, flags, flags)
@@ -122,9 +127,9 @@ def export(model: nn.Module, weights: str, folder: Path, layout: str = ATTENTION
                              f"{lines[-1][:200] if lines else type(exc).__name__}") from exc
     finally:
         model.config._attn_implementation = attention
-    names = ["inputs_embeds", "attention_mask", "position_ids", "past", *(RECENT_INPUTS if row_invariant else ())]
-    shapes = [[-1, -1, config.hidden_size], [-1, 1, -1, -1], [-1, -1], [2 * layers, -1, kv_heads, -1, width],
-              *([[-1, -1]] * len(RECENT_INPUTS) if row_invariant else [])]
+    names = [*INPUTS, *(RECENT_INPUTS if row_invariant else ())]
+    shapes = [[-1, -1, config.hidden_size], [-1, 1, -1, -1], [-1, -1], [2 * layers, -1, kv_heads, -1, width], [-1],
+              [-1], *([[-1, -1]] * len(RECENT_INPUTS) if row_invariant else [])]
     for port, name, shape in zip(ir.inputs, names, shapes):
         port.get_tensor().set_names({name})
         port.get_node().set_partial_shape(ov.PartialShape(shape))

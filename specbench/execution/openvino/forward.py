@@ -1,6 +1,14 @@
-"""The runtime adapter: a causal LM's forward as the methods call it, run by a compiled IR, the run's own
-DynamicCache fed in and the new rows' keys and values appended to it, batch-1 calls of a few rows at a padded static
-shape whose request memory then holds the cache."""
+"""The runtime adapter: a causal LM's forward as the methods call it, run by a compiled IR.
+
+A batch-1 call reads its cache where it already lies. Every cache the adapter runs owns a buffer (CacheBuffer) whose
+memory OpenVINO's requests read as their `past` input and whose leading slots the cache's layers view, so no call
+copies the cache in and none concatenates onto it: the new rows' keys and values are written behind the cached ones
+and the layers grow by them. The buffer's capacity steps by CACHE_STEP tokens (the attention's shapes move only
+then, and one copy of the rows moves the cache into a larger buffer); the slots past the cache are masked and finite.
+verification's commit_path and crop work on these views as on any tensor. A call of a few rows runs a model compiled
+for its row count (compile.STATIC_ROWS), others (a prefill, a large tree) the dynamic model; a batch of several
+sequences copies its cache in and appends to it.
+"""
 
 from __future__ import annotations
 
@@ -13,43 +21,83 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from specbench.errors import SpecbenchError
 from specbench.execution.openvino.attention import RECENT_DEPTH, window_inputs
+from specbench.execution.openvino.export import INPUTS
 from specbench.execution.openvino.settings import ROW_INVARIANT_FORMAT
 from specbench.models.shape import head_dim
 
 # w4a8r: every call runs at least this many rows, as the CPU plugin quantises a one-row call by another kernel than
 # a call of several rows (experiments/openvino_row_invariant)
 ROW_INVARIANT_MIN_ROWS = 2
-# the cache goes in padded with masked-out keys to a multiple of this many tokens: OpenVINO's CPU plugin prepares every
-# node again for an input shape it has not just run, where a padded context runs as fast as the same length
-# (experiments/openvino_same_model); a masked key adds an exact zero to the softmax
-BUCKET = 32
+# a cache buffer's capacity is a multiple of this many tokens: the attention's input shapes change only when a cache
+# outgrows it, which costs one copy of the cache and the CPU plugin's preparation of those nodes for the new shape;
+# a masked slot adds an exact zero to the softmax
+CACHE_STEP = 256
+# a batch of several sequences copies its cache in, padded with masked keys to a multiple of this many tokens, so the
+# dynamic model sees a new context length (and prepares its nodes again) every BATCH_BUCKET tokens, not every call
+BATCH_BUCKET = 32
+# what a route claims of a verify's rows against the same rows computed one at a time (plain decoding), which the
+# machine profile checks on the machine at hand: bitwise, or equal up to float rounding (float activations, whose sums
+# a kernel may block otherwise for another row count), or not at all (activations quantised per call)
+BITWISE, ROUNDING, DIFFERS = "bitwise", "float rounding", "differs"
+PAST = INPUTS.index("past")
+
+
+class CacheBuffer:
+    """One cache's keys and values in memory OpenVINO reads in place: (2 x layers, 1, kv heads, capacity, head dim),
+    the cache's rows first, finite stale slots after them."""
+
+    def __init__(self, shape: tuple[int, int, int], capacity: int) -> None:
+        import openvino as ov
+
+        layers_kv, kv_heads, width = shape
+        self.capacity = capacity
+        self.memory = torch.zeros(layers_kv, 1, kv_heads, capacity, width)
+        self.tensor = ov.Tensor(self.memory.numpy(), shared_memory=True)
+        self.layers = self.memory.unbind(0)
+
+
+class CacheBuffers:
+    """Each cache's CacheBuffer, held while the cache lives; shared by the forwards that run one cache (w4a8r's
+    prefill and its steps), so a cache never moves between them."""
+
+    def __init__(self, shape: tuple[int, int, int]) -> None:
+        self.shape = shape
+        self._of: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def holding(self, cache, tokens: int) -> CacheBuffer:
+        """`cache`'s buffer with room for `tokens`: a new one (the next multiple of CACHE_STEP) when it has none or
+        less; the caller copies the cache's rows into it."""
+        buffer = self._of.get(cache)
+        if buffer is None or buffer.capacity < tokens:
+            buffer = self._of[cache] = CacheBuffer(self.shape, -(-tokens // CACHE_STEP) * CACHE_STEP)
+        return buffer
 
 
 class OpenVinoForward(nn.Module):
     """A causal LM's forward as the methods call it (input ids or embeddings, a 4D or 2D mask or none, positions, a
-    DynamicCache), run by a compiled OpenVINO IR (export.py). The embedding stays a PyTorch module, so
-    `get_input_embeddings`, `parameters()` and the memory accounting see it."""
+    DynamicCache, logits_to_keep), run by a compiled OpenVINO IR (export.py). The embedding stays a PyTorch module, so
+    `get_input_embeddings`, `parameters()` and the memory accounting see it. `claims` says what the route promises of
+    a verify's rows (BITWISE, ROUNDING or DIFFERS)."""
 
-    def __init__(self, model: nn.Module, compiled, static: dict | None = None, row_invariant: bool = False,
-                 prefill: "OpenVinoForward | None" = None) -> None:
+    def __init__(self, model: nn.Module, compiled, by_rows: dict | None = None, claims: str = ROUNDING,
+                 row_invariant: bool = False, prefill: "OpenVinoForward | None" = None) -> None:
         super().__init__()
+        import openvino as ov
+
+        self.claims = claims
         self.row_invariant = row_invariant  # the IR traces recent_attention; every call runs >= 2 rows (w4a8r)
         self.prefill = prefill  # w4a8r: a prompt on an empty cache runs in one call of this (route.py says why)
         self.embed = model.get_input_embeddings()
         self.config, self.generation_config = model.config, model.generation_config
-        self.request = compiled.create_infer_request()
-        self.static = {shape: c.create_infer_request() for shape, c in (static or {}).items()}  # (rows, context)
-        self._owners: dict[tuple[int, int], weakref.ref] = {}  # static shape -> the cache whose rows its memory holds
         self.layers = model.config.num_hidden_layers
-        self.empty_cache = (2 * self.layers, model.config.num_key_value_heads, 0, head_dim(model.config))
-        # a static request's input tensors keep their shape and memory, so their torch views are made once, and its
-        # cache input's per-layer views too (per call, they cost a visible share of a one-row step)
-        self._ports = {shape: tuple(torch.from_numpy(t.data) for t in request.input_tensors)
-                       for shape, request in self.static.items()}
-        self._layer_ports = {shape: ports[3].unbind(0) for shape, ports in self._ports.items()}
-        for ports in self._ports.values():  # masked keys must be finite (0 * nan is nan); later calls leave theirs
-            for port in ports:
-                port.zero_()
+        shape = (2 * self.layers, model.config.num_key_value_heads, head_dim(model.config))
+        self.buffers = prefill.buffers if prefill is not None else CacheBuffers(shape)
+        self.request = compiled.create_infer_request()  # batch 1: reads a cache buffer in place
+        self.batch_request = compiled.create_infer_request()  # batches: the cache copied into its own memory
+        self.by_rows = {rows: c.create_infer_request() for rows, c in (by_rows or {}).items()}
+        self._empty = ov.Tensor(torch.zeros(shape[0], 1, shape[1], 0, shape[2]).numpy())  # an empty cache's input
+        self._views: dict[tuple[int, int], tuple[tuple[int, ...], torch.Tensor]] = {}  # (request, port) -> its view
+        self._bound: dict[int, object] = {}  # request -> the past tensor it reads
 
     @property
     def device(self) -> torch.device:
@@ -63,7 +111,7 @@ class OpenVinoForward(nn.Module):
         return self.embed
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
-                inputs_embeds=None, use_cache=True, output_hidden_states=False, **_):
+                inputs_embeds=None, use_cache=True, output_hidden_states=False, logits_to_keep=0, **_):
         embeds = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
         embeds = embeds.to(torch.float32).detach()
         batch, n = embeds.shape[:2]
@@ -75,63 +123,65 @@ class OpenVinoForward(nn.Module):
         if self.row_invariant and (batch != 1 or int(position_ids.max()) - past > RECENT_DEPTH):
             if self.prefill is not None and past == 0 and causal_chain(mask, position_ids, past):
                 return self.prefill(inputs_embeds=embeds, position_ids=position_ids, past_key_values=cache,
-                                    output_hidden_states=output_hidden_states)
+                                    output_hidden_states=output_hidden_states, logits_to_keep=logits_to_keep)
             return self._in_pieces(embeds, mask, position_ids, cache, output_hidden_states)
-        shape = self._static_shape(batch, n, past)
-        if shape:
-            request, (rows, padded) = self.static[shape], shape
-        elif self.row_invariant:  # recent_attention gathers from a cache of at least one slot
-            request, rows, padded = self.request, max(n, ROW_INVARIANT_MIN_ROWS), max(-(-past // BUCKET), 1) * BUCKET
+        if batch != 1:
+            return self._batched(embeds, mask, position_ids, cache, output_hidden_states, logits_to_keep)
+        rows = self._rows(n)
+        request = self.by_rows[rows] if rows else self.request
+        call_rows = rows or (max(n, ROW_INVARIANT_MIN_ROWS) if self.row_invariant else n)
+        buffer = self.buffers.holding(cache, past + n)
+        for t, slot in zip(_tensors(cache), buffer.layers):
+            if past and not views(t, slot):  # a cache filled elsewhere, or outgrowing its buffer: one copy
+                slot[:, :, :past] = t
+        if call_rows > n:
+            embeds, mask, position_ids = _padded_rows(embeds, mask, position_ids, call_rows)
+        # recent_attention gathers from a cache of at least one slot; an empty cache is read as none
+        width = buffer.capacity if past or self.row_invariant else 0
+        if self.row_invariant:
+            cached, *window = window_inputs(mask, position_ids, past, width)
+            values = {1: cached, **dict(enumerate(window, start=len(INPUTS)))}
         else:
-            request, rows, padded = self.request, n, -(-past // BUCKET) * BUCKET
-        if rows > n:  # padding rows: zero embeddings, each seeing only itself, outputs dropped
-            embeds = torch.cat([embeds, embeds.new_zeros(batch, rows - n, embeds.shape[2])], 1)
-            position_ids = torch.cat([position_ids, position_ids[:, -1:].expand(batch, rows - n)], 1)
-            mask = torch.cat([torch.cat([mask, mask.new_zeros(batch, 1, n, rows - n)], 3),
-                              torch.cat([mask.new_zeros(batch, 1, rows - n, past),
-                                         torch.eye(rows, dtype=torch.bool)[n:].expand(batch, 1, rows - n, rows)], 3)],
-                             2)
-        if self.row_invariant:  # input port -> value
-            cached, *window = window_inputs(mask, position_ids, past, padded)
-            values = {0: embeds, 1: cached, 2: position_ids, **dict(enumerate(window, start=4))}
-        else:
-            values = {0: embeds, 1: padded_mask(mask, past, padded), 2: position_ids}
-        layers_kv, kv_heads, _, width = self.empty_cache
-        # every input is written straight into the request's own tensors, the cache from its layers in one copy: shared
-        # instead (share_inputs=True, or tensors made with shared_memory) the cache's arrays made OpenVINO's CPU
-        # plugin corrupt the heap on the call after a tree verify (glibc: corrupted double-linked list), as if it
-        # wrote past them
-        if shape:
-            ports, layer_ports = self._ports[shape], self._layer_ports[shape]
-            self._own(shape, cache)
-        else:
-            ports = {port: request_input(request, port, tuple(value.shape)) for port, value in values.items()}
-            ports[3] = request_input(request, 3, (layers_kv, batch, kv_heads, padded, width))
-            layer_ports = ports[3].unbind(0)
-            ports[3][:, :, :, past:].zero_()  # masked out, but finite: a masked key's weight is 0, and 0 * nan is nan
-        if past:
-            for t, port in zip((t for layer in cache.layers for t in (layer.keys, layer.values)), layer_ports):
-                if not views(t, port):  # a layer already in this request's memory is not copied again
-                    port[:, :, :past] = t
+            values = {1: padded_mask(mask, past, width)}
+        hidden_rows = torch.arange(call_rows if rows else n) if output_hidden_states else torch.arange(0)
+        values |= {0: embeds, 2: position_ids, 4: torch.arange(call_rows) if rows else kept_rows(logits_to_keep, n),
+                   5: hidden_rows}
+        self._bind(request, buffer.tensor if width else self._empty)
         for port, value in values.items():
-            ports[port].copy_(value)
+            self._view(request, port, tuple(value.shape)).copy_(value)
         request.infer()
         logits, hidden, new = (torch.from_numpy(request.get_output_tensor(i).data) for i in range(3))
-        if shape and past and past + n <= padded:
-            # the new rows go into the request's own cache tensor behind the cached ones and every layer becomes a
-            # view of it, so the next call of this shape copies nothing in and DynamicCache.update concatenates
-            # nothing; crop and commit_path work on views as on any tensor, and _own detaches a cache's views before
-            # another cache writes this memory
-            ports[3][:, :, :, past:past + n] = new[:, :, :, :n]
-            layer_views = ports[3].narrow(3, 0, past + n).unbind(0)
-            for layer, keys, values in zip(cache.layers, layer_views[0::2], layer_views[1::2]):
-                layer.keys, layer.values = keys, values
-        else:
-            for layer in range(self.layers):  # copies: the request's output buffers are reused by the next call
-                cache.update(new[2 * layer, :, :, :n].clone(), new[2 * layer + 1, :, :, :n].clone(), layer)
-        # one copy of every layer's rows, then views: the request's output buffers are reused by the next call
+        buffer.memory[:, :, :, past:past + n] = new[:, :, :, :n]
+        _view_layers(cache, buffer, past + n, self.layers)
+        # copies of the outputs: the request reuses its buffers on the next call
+        logits = logits[:, kept_rows(logits_to_keep, n)] if rows else logits
         hidden = hidden[:, :, :n].clone().unbind(0) if output_hidden_states else None
-        return CausalLMOutputWithPast(logits=logits[:, :n].clone(), past_key_values=cache, hidden_states=hidden)
+        return CausalLMOutputWithPast(logits=logits.clone(), past_key_values=cache, hidden_states=hidden)
+
+    def _batched(self, embeds, mask, position_ids, cache: DynamicCache, output_hidden_states: bool, logits_to_keep):
+        """A batch of sequences on the dynamic model: the cache copied into the request's own input memory (padded to
+        a multiple of BATCH_BUCKET with masked keys), the new rows appended to the cache's layers."""
+        batch, n = embeds.shape[:2]
+        past, request = cache.get_seq_length(), self.batch_request
+        padded = -(-past // BATCH_BUCKET) * BATCH_BUCKET
+        if self.row_invariant:  # recent_attention gathers from a cache of at least one slot
+            padded = max(padded, BATCH_BUCKET)
+            embeds, mask, position_ids = _padded_rows(embeds, mask, position_ids, max(n, ROW_INVARIANT_MIN_ROWS))
+        layers_kv, kv_heads, width = self.buffers.shape
+        past_port = self._view(request, PAST, (layers_kv, batch, kv_heads, padded, width))
+        past_port[:, :, :, past:].zero_()  # masked out, but finite: a masked key's weight is 0, and 0 * nan is nan
+        for t, port in zip(_tensors(cache), past_port.unbind(0)):
+            port[:, :, :past] = t
+        values = {0: embeds, 1: padded_mask(mask, past, padded), 2: position_ids,
+                  4: kept_rows(logits_to_keep, n), 5: torch.arange(n) if output_hidden_states else torch.arange(0)}
+        for port, value in values.items():
+            self._view(request, port, tuple(value.shape)).copy_(value)
+        request.infer()
+        logits, hidden, new = (torch.from_numpy(request.get_output_tensor(i).data) for i in range(3))
+        for layer in range(self.layers):  # copies: the request's output buffers are reused by the next call
+            cache.update(new[2 * layer, :, :, :n].clone(), new[2 * layer + 1, :, :, :n].clone(), layer)
+        hidden = hidden[:, :, :n].clone().unbind(0) if output_hidden_states else None
+        return CausalLMOutputWithPast(logits=logits.clone(), past_key_values=cache, hidden_states=hidden)
 
     def _in_pieces(self, embeds, mask, position_ids, cache: DynamicCache, output_hidden_states: bool):
         """A row-invariant call too deep for recent_attention's window (a long chain after the prompt) as consecutive
@@ -151,23 +201,65 @@ class OpenVinoForward(nn.Module):
         return CausalLMOutputWithPast(logits=torch.cat([o.logits for o in outs], 1), past_key_values=cache,
                                       hidden_states=hidden)
 
-    def _own(self, shape: tuple[int, int], cache: DynamicCache) -> None:
-        """`cache` is about to write the static request `shape`'s cache memory: another cache whose layers are views of
-        it (a generation before, still referenced) gets copies of them first, so it never sees this cache's rows."""
-        owner = self._owners.get(shape)
-        other = owner() if owner is not None else None
-        if other is not None and other is not cache:
-            for layer, port in zip(other.layers, self._layer_ports[shape][0::2]):
-                if getattr(layer, "keys", None) is not None and views(layer.keys, port):
-                    layer.keys, layer.values = layer.keys.clone(), layer.values.clone()
-        self._owners[shape] = weakref.ref(cache)
-
-    def _static_shape(self, batch: int, n: int, past: int) -> tuple[int, int] | None:
-        """The (rows, context) a compiled static model serves this call at (the smallest that holds it), or None."""
-        if batch != 1:
-            return None
-        fits = [shape for shape in self.static if n <= shape[0] and past <= shape[1]]
+    def _rows(self, n: int) -> int | None:
+        """The row count of the compiled model this batch-1 call of n rows runs at (the smallest holding it)."""
+        fits = [rows for rows in self.by_rows if rows >= n]
         return min(fits) if fits else None
+
+    def _bind(self, request, tensor) -> None:
+        """`request` reads its cache from `tensor` (shared memory, never copied)."""
+        if self._bound.get(id(request)) is not tensor:
+            request.set_input_tensor(PAST, tensor)
+            self._bound[id(request)] = tensor
+
+    def _view(self, request, port: int, shape: tuple[int, ...]) -> torch.Tensor:
+        """`request`'s own input tensor at `port`, shaped `shape`, as a torch view of its memory (kept while the
+        shape stays: made per call, the views cost a visible share of a one-row step)."""
+        key = (id(request), port)
+        known = self._views.get(key)
+        if known is None or known[0] != shape:
+            tensor = request.get_input_tensor(port)
+            if tuple(tensor.shape) != shape:
+                tensor.shape = shape
+            known = self._views[key] = (shape, torch.from_numpy(tensor.data))
+        return known[1]
+
+
+def _view_layers(cache: DynamicCache, buffer: CacheBuffer, length: int, layers: int) -> None:
+    """`cache`'s layers made views of `buffer`'s first `length` slots (layers a DynamicCache made without a config
+    has not built yet are added, as its update would)."""
+    if cache.layer_class_to_replicate is not None:
+        cache.layers.extend(cache.layer_class_to_replicate() for _ in range(layers - len(cache.layers)))
+    for layer, keys, values in zip(cache.layers, buffer.layers[0::2], buffer.layers[1::2]):
+        keys, values = keys[:, :, :length], values[:, :, :length]
+        if not layer.is_initialized:
+            layer.lazy_initialization(keys, values)
+        layer.keys, layer.values = keys, values
+
+
+def _tensors(cache: DynamicCache):
+    """Every layer's keys and values, in the IR's order."""
+    return (t for layer in cache.layers for t in (layer.keys, layer.values))
+
+
+def _padded_rows(embeds, mask, position_ids, rows: int):
+    """The call padded to `rows` rows: zero embeddings, each seeing only itself, their outputs dropped."""
+    batch, n = embeds.shape[:2]
+    past = mask.shape[3] - n
+    embeds = torch.cat([embeds, embeds.new_zeros(batch, rows - n, embeds.shape[2])], 1)
+    position_ids = torch.cat([position_ids, position_ids[:, -1:].expand(batch, rows - n)], 1)
+    mask = torch.cat([torch.cat([mask, mask.new_zeros(batch, 1, n, rows - n)], 3),
+                      torch.cat([mask.new_zeros(batch, 1, rows - n, past),
+                                 torch.eye(rows, dtype=torch.bool)[n:].expand(batch, 1, rows - n, rows)], 3)], 2)
+    return embeds, mask, position_ids
+
+
+def kept_rows(logits_to_keep, n: int) -> torch.Tensor:
+    """The rows whose logits a call returns, as transformers' `logits_to_keep`: the last k for an int k (0: all),
+    or the given row indices."""
+    if isinstance(logits_to_keep, torch.Tensor):
+        return logits_to_keep.to(torch.long).reshape(-1)
+    return torch.arange(n - logits_to_keep if logits_to_keep else 0, n)
 
 
 def causal_chain(mask: torch.Tensor, position_ids: torch.Tensor, past: int) -> bool:
@@ -183,17 +275,9 @@ def views(t: torch.Tensor, base: torch.Tensor) -> bool:
     return t.data_ptr() == base.data_ptr() and t.stride() == base.stride()
 
 
-def request_input(request, port: int, shape: tuple[int, ...]) -> torch.Tensor:
-    """`request`'s own input tensor at `port`, shaped `shape`, as a torch view of its memory."""
-    tensor = request.get_input_tensor(port)
-    if tuple(tensor.shape) != shape:
-        tensor.shape = shape
-    return torch.from_numpy(tensor.data)
-
-
 def padded_mask(mask: torch.Tensor, past: int, padded: int) -> torch.Tensor:
-    """`mask` (batch, 1, n, past + n) with padded - past masked-out keys between the cached ones and the new rows,
-    the columns of the cache `forward` gives the IR, padded to a multiple of BUCKET."""
+    """`mask` (batch, 1, n, past + n) with padded - past masked-out keys between the cached ones and the new rows:
+    the columns of a cache of `padded` slots, its first `past` the cache's rows."""
     if padded == past:
         return mask
     batch, _, n, _ = mask.shape

@@ -1,18 +1,23 @@
-"""A weight format's route on OpenVINO: which IR it exports, how it compiles it and which forward runs it."""
+"""A weight format's route on OpenVINO: which IR it exports, how it compiles it, which forward runs it and what that
+forward claims of a verify's rows."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import torch
 
 from specbench.errors import SpecbenchError
 from specbench.execution.openvino.attention import ATTENTION, ROW_INVARIANT_ATTENTION
-from specbench.execution.openvino.compile import DYNAMIC_GROUP, PROPERTIES, STATIC_ROWS, compiled, static_models
+from specbench.execution.openvino.compile import (DYNAMIC_GROUP, PROPERTIES, STATIC_ROWS, compiled,
+                                                  quantises_activations, row_models)
 from specbench.execution.openvino.export import exported
-from specbench.execution.openvino.forward import ROW_INVARIANT_MIN_ROWS, OpenVinoForward
+from specbench.execution.openvino.forward import BITWISE, DIFFERS, ROUNDING, ROW_INVARIANT_MIN_ROWS, OpenVinoForward
 from specbench.execution.openvino.settings import OWN_FORMATS, group_problem, unsupported
 from specbench.models.loading import LoadedModel, with_dtype
+
+log = logging.getLogger(__name__)
 
 
 def with_openvino(target: LoadedModel, weights: str) -> LoadedModel:
@@ -34,6 +39,11 @@ def with_openvino(target: LoadedModel, weights: str) -> LoadedModel:
     stored = f"int4_g{group}" if head in OWN_FORMATS else weights
     row_invariant = head == "w4a8r"
     properties = PROPERTIES | ({"DYNAMIC_QUANTIZATION_GROUP_SIZE": DYNAMIC_GROUP} if stored != weights else {})
+    claims = claim(weights)
+    if row_invariant and claim(f"w4a8_g{group}") != DIFFERS:
+        log.warning("model.weights=%s: OpenVINO quantises no activations on this CPU (its dynamic quantisation needs "
+                    "int8 dot products, VNNI or AMX), so this route computes %s's numbers in a slower layout; "
+                    "model.weights=%s is the faster lossless route here", weights, stored, stored)
     xml = exported(fp32, stored, ROW_INVARIANT_ATTENTION if row_invariant else ATTENTION)
     rows = tuple(max(r, ROW_INVARIANT_MIN_ROWS) for r in STATIC_ROWS) if row_invariant else STATIC_ROWS
     # A prompt on an empty cache is the same call in a method's run as in its plain decoding, so its rows need not be
@@ -41,8 +51,20 @@ def with_openvino(target: LoadedModel, weights: str) -> LoadedModel:
     # dynamic-shape model) instead of pieces of RECENT_DEPTH rows, and the steps after it read the keys and values it
     # cached, as plain decoding's do (experiments/openvino_row_invariant). The cost: that IR compiled beside the
     # row-invariant one, and exported once if w4a8 has not run here.
-    prefill = (OpenVinoForward(fp32.model, compiled(exported(fp32, stored, ATTENTION), properties)) if row_invariant
-               else None)
-    forward = OpenVinoForward(fp32.model, compiled(xml, properties), static_models(xml, properties, rows),
+    prefill = (OpenVinoForward(fp32.model, compiled(exported(fp32, stored, ATTENTION), properties), claims=claims)
+               if row_invariant else None)
+    forward = OpenVinoForward(fp32.model, compiled(xml, properties), row_models(xml, properties, rows), claims,
                               row_invariant, prefill)
     return dataclasses.replace(target, model=forward, backend="openvino", weights=weights)
+
+
+def claim(weights: str) -> str:
+    """What the route of `weights` promises of a verify's rows against plain decoding's: BITWISE for w4a8r (its
+    calls and attention laid out so), DIFFERS for w4a8 where this CPU quantises activations per call, ROUNDING for
+    float activations (fp, int8, int4, and w4a8 where no activation is quantised)."""
+    head = weights.partition("_g")[0]
+    if head == "w4a8r":
+        return BITWISE
+    if head == "w4a8" and quantises_activations():
+        return DIFFERS
+    return ROUNDING
