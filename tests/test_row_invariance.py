@@ -166,3 +166,36 @@ def test_a_run_that_measures_another_plain_decoding_fastest_says_so_and_marks_bo
     assert MachineProfile.from_json(profile.path.read_text()).stale == ["eager/bfloat16", "eager/float32"]
     close = summary.assign(tokens_per_s=[16.0, 15.5, 17.0])
     assert _plan_disagreements(close, plan) == []
+
+
+@pytest.mark.parametrize("past", [0, 3, 40, 250])
+def test_the_row_invariant_attentions_key_layout_depends_on_the_rows_position_alone(past):
+    """The logic w4a8r's row invariance rests on, machine-independent: for every row of a tree verify, the keys
+    recent_attention reads, slot by slot (which position each window slot holds and whether the row sees it, and which
+    cached slots it reads where they lie), are the ones plain decoding reads for that row, when its ancestors are
+    cached rows instead of new rows of the call. Whether a CPU's kernels then add them in the same order in calls of
+    other row counts is the machine profile's row check."""
+    from specbench.execution.openvino import window_inputs
+    from specbench.trees.token_tree import TokenTree
+
+    tree = TokenTree(torch.arange(9), torch.tensor([-1, 0, 0, 1, 3, 4, 5, 6, 2]))  # a chain 7 deep and a branch
+    padded = past + 64
+    mask = torch.cat([torch.ones(len(tree), past, dtype=torch.bool), tree.ancestor_mask()], 1)[None, None]
+    positions = past + tree.depths[None]
+
+    def layout(window, positions, past):
+        cached_mask, slot, row, is_new, seen = window
+        held = torch.where(is_new, positions[0][row], slot)  # the position each window slot holds
+        return [(cached_mask[0, 0, r, :past].nonzero().flatten().tolist(),
+                 [(int(p), bool(s)) for p, s in zip(held[r], seen[r]) if s]) for r in range(len(slot))]
+
+    verify = layout(window_inputs(mask, positions, past, padded), positions, past)
+    for node in range(len(tree)):
+        depth = int(tree.depths[node])
+        alone_mask = torch.ones(1, 1, 1, past + depth + 1, dtype=torch.bool)
+        position = torch.tensor([[past + depth]])
+        alone = layout(window_inputs(alone_mask, position, past + depth, padded), position, past + depth)[0]
+        cached_slots, window = verify[node]
+        assert alone[0] == cached_slots, node  # the cached keys below the window, where they lie
+        assert alone[1] == window, node  # the window: the same positions in the same slots, the same seen
+        assert [p for p, _ in window] == list(range(window[0][0], past + depth + 1)), node  # the path, in order
