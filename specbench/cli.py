@@ -17,8 +17,42 @@ import specbench.config  # noqa: F401  (registers the resolvers the configs use)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is fetched from a hub at run time
 
 
+def main() -> None:
+    """The command: an unknown experiment is one line here, then Hydra composes the run and dispatches it."""
+    error = unknown_experiment(sys.argv[1:])
+    if error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(2)
+    _run()
+
+
+def experiment_options() -> list[str]:
+    """Every saved experiment as `experiment=` takes it: GROUP/NAME, one subfolder per question it answers."""
+    root = specbench.config.CONF_DIR / "experiment"
+    return sorted(p.relative_to(root).with_suffix("").as_posix() for p in root.rglob("*.yaml"))
+
+
+def unknown_experiment(args: list[str]) -> str | None:
+    """Hydra names only the top level of a nested group when a choice is unknown, which for experiment/ lists none
+    of its GROUP/NAME files: an unknown one (an old run's flat name too) is refused with them all and the closest."""
+    import difflib
+
+    options = experiment_options()
+    for arg in args:
+        key, _, value = arg.partition("=")
+        if key.lstrip("+~") != "experiment" or value in ("", "null") or "(" in value:  # a sweep function: Hydra's
+            continue
+        for name in value.split(","):
+            if name not in options:
+                close = [o for o in options if o.rpartition("/")[2] == name] or \
+                    difflib.get_close_matches(name, options, n=1, cutoff=0.5)
+                hint = f" (closest: {' or '.join(close)})" if close else ""
+                return f"experiment={name} is not a saved experiment{hint}; valid: {', '.join(options)}"
+    return None
+
+
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def main(cfg: DictConfig):
+def _run(cfg: DictConfig):
     from omegaconf.errors import OmegaConfBaseException
 
     from specbench.errors import SpecbenchError

@@ -147,19 +147,20 @@ def test_bad_setting_is_one_line_naming_its_key(overrides, message, files, tmp_p
     assert "\n" not in str(exc.value)
 
 
-NEED_USER_PATHS = ("hf", "jsonl", "vicuna_7b", "vicuna_68m", "gpu_medusa1_vicuna7b", "gpu_spec_bench_vicuna7b")
+NEED_USER_PATHS = ("hf", "jsonl", "vicuna_7b", "vicuna_68m", "gpu/medusa1_vicuna7b", "gpu/spec_bench_vicuna7b")
 
 
 @pytest.mark.parametrize("group", ["model", "method", "tree", "accept", "hw", "dataset", "sampling", "experiment"])
 @pytest.mark.slow
 def test_every_shipped_config_passes(group, tmp_path):
-    for path in sorted((Path(CONF) / group).glob("*.yaml")):
-        if path.stem in NEED_USER_PATHS:  # validated with paths given: above, and tests/test_published.py
+    root = Path(CONF) / group
+    for choice in sorted(p.relative_to(root).with_suffix("").as_posix() for p in root.rglob("*.yaml")):
+        if choice in NEED_USER_PATHS:  # validated with paths given: above, and tests/test_published.py
             continue
         try:
-            validate(compose_cfg([f"{group}={path.stem}"], tmp_path))
+            validate(compose_cfg([f"{group}={choice}"], tmp_path))
         except SpecbenchError as exc:  # a model package this machine lacks is the one acceptable refusal
-            assert "is not installed" in str(exc), f"{group}={path.stem}: {exc}"
+            assert "is not installed" in str(exc), f"{group}={choice}: {exc}"
 
 
 def test_repeated_question_ids_name_their_lines(files):

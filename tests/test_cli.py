@@ -43,6 +43,25 @@ def test_unknown_choice_names_it_and_the_valid_ones(group, tmp_path):
     assert f"Could not find '{group}/nonexistent'" in proc.stderr and "Available options" in proc.stderr
 
 
+def test_an_unknown_experiment_is_one_line_naming_every_saved_one_and_the_closest(monkeypatch, capsys):
+    """experiment/ nests its files by question (GROUP/NAME), which Hydra's message for an unknown choice leaves out:
+    a flat name (as an old run folder records it) is refused before Hydra composes, pointed at its place."""
+    from specbench.cli import experiment_options, main, unknown_experiment
+
+    options = experiment_options()
+    assert {"speed/same_model", "seeds/medusa_table1", "gpu/same_model"} <= set(options)
+    monkeypatch.setattr(sys, "argv", ["run.py", "eval.num_prompts=2", "experiment=seed_medusa_table1"])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    line = capsys.readouterr().err.strip()
+    assert exited.value.code == 2 and "\n" not in line
+    assert line.startswith("error: experiment=seed_medusa_table1 is not a saved experiment (closest: "
+                           "seeds/medusa_table1); valid: ") and all(o in line for o in options)
+    assert "(closest: gpu/same_model or speed/same_model)" in unknown_experiment(["experiment=same_model"])
+    assert unknown_experiment(["-m", "experiment=speed/same_model,gpu/nope"]).startswith("experiment=gpu/nope ")
+    assert unknown_experiment(["experiment=speed/same_model", "+experiment=null", "method=pld"]) is None
+
+
 # Refusals whose one line the CLI prints like every other SpecbenchError (that path: test_bad_inputs.py's
 # test_run_py_prints_one_line_and_loads_nothing) are checked in this process, through the same dispatch: a subprocess
 # would spend ~9 s importing torch and transformers to say the same.

@@ -16,7 +16,9 @@ from .conftest import CONF, compose_cfg
 
 
 def options(group: str) -> list[str]:
-    return sorted(p.stem for p in (Path(CONF) / group).glob("*.yaml"))
+    """A group's choices as the command line names them: experiment/ nests its files by question (GROUP/NAME)."""
+    root = Path(CONF) / group
+    return sorted(p.relative_to(root).with_suffix("").as_posix() for p in root.rglob("*.yaml"))
 
 
 @pytest.mark.parametrize("group", ["model", "method", "tree", "accept", "hw", "dataset", "sampling", "eval",

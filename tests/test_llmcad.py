@@ -190,7 +190,7 @@ def test_the_config_builds_llmcad_with_an_early_exit_draft(tiny, tmp_path):
 
 
 def test_the_experiment_compares_the_tree_with_a_chain_of_the_same_draft(tmp_path):
-    cfg = compose_cfg(["experiment=seed_llmcad_tree_vs_chain"], tmp_path)
+    cfg = compose_cfg(["experiment=seeds/llmcad_tree_vs_chain"], tmp_path)
     assert [m.label for m in cfg.methods] == ["llmcad-tree", "chain"]
     assert "method.checkpoint=artifacts/draft_smollm2_135m.safetensors" in cfg.methods[1].overrides
     assert cfg.eval.num_prompts == 20 and cfg.eval.first_turn_only and cfg.dataset.name == "mt_bench"

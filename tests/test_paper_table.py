@@ -12,7 +12,7 @@ from specbench.reporting.paper_table import load_paper, write_report
 from tests.conftest import compose_cfg
 
 ROOT = Path(__file__).resolve().parents[1]
-SEEDS = sorted(p.stem for p in (CONF_DIR / "experiment").glob("seed_*.yaml"))
+SEEDS = sorted(f"seeds/{p.stem}" for p in (CONF_DIR / "experiment" / "seeds").glob("*.yaml"))
 
 
 def paper_yaml(path: Path, rows: list[dict], table: str = "summary.csv") -> Path:

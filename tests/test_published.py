@@ -485,11 +485,11 @@ def test_gpu_recipes_validate_with_the_users_paths(tmp_path, tiny):
     questions = tmp_path / "question.jsonl"
     questions.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["Why?"]}) + "\n")
     paths = [f"model.path={tmp_path / 'vicuna'}", f"checkpoints.medusa={medusa}"]
-    validate(compose_cfg(["experiment=gpu_medusa1_vicuna7b", *paths], tmp_path))
-    validate(compose_cfg(["experiment=gpu_spec_bench_vicuna7b", *paths, f"checkpoints.eagle={medusa}",
+    validate(compose_cfg(["experiment=gpu/medusa1_vicuna7b", *paths], tmp_path))
+    validate(compose_cfg(["experiment=gpu/spec_bench_vicuna7b", *paths, f"checkpoints.eagle={medusa}",
                           f"checkpoints.draft={tmp_path / 'vicuna'}", f"dataset.path={questions}"], tmp_path))
     with pytest.raises(SpecbenchError, match="Missing mandatory value: checkpoints.medusa"):
-        validate(compose_cfg(["experiment=gpu_medusa1_vicuna7b", paths[0]], tmp_path))
+        validate(compose_cfg(["experiment=gpu/medusa1_vicuna7b", paths[0]], tmp_path))
 
 
 def test_a_content_fingerprint_follows_the_content_not_the_name(tmp_path, monkeypatch):

@@ -19,7 +19,7 @@ def test_sweep_summary_joins_the_jobs_with_their_swept_settings(tmp_path):
     for job, b in enumerate((1, 4)):
         folder = tmp_path / f"{job}_eval.batch_size={b}"
         (folder / ".hydra").mkdir(parents=True)
-        (folder / ".hydra" / "overrides.yaml").write_text(f"- eval.batch_size={b}\n- experiment=seed_sssd_batch\n")
+        (folder / ".hydra" / "overrides.yaml").write_text(f"- eval.batch_size={b}\n- experiment=seeds/sssd_batch\n")
         pd.DataFrame({"method": ["autoregressive", "pld"], "tau": [1.0, 1.3], "tokens_per_s": [10.0, 12.0 / b],
                       "throughput_tokens_per_s": [10.0 * b, 12.0], "throughput_speedup": [1.0, 1.2 / b],
                       "model": "m", "hw": "cpu", "dtype": "float32", "dataset": "d", "num_prompts": 4,

@@ -5,7 +5,7 @@
 #   bash experiments/gpu_graphs/device.sh
 # A call that leaves a part missing stages what it carried and says so. The call that completes the payload runs,
 # within BUDGET_S seconds (default 240): the graphs tests on CUDA, task=profile (eager and graphs in bfloat16, the
-# roofline beside each), the captured per-layer fixed cost, experiment=gpu_graphs (20 MT-Bench first turns x 128
+# roofline beside each), the captured per-layer fixed cost, experiment=gpu/graphs (20 MT-Bench first turns x 128
 # tokens: plain decoding captured and eager, SSSD, PLD, EAGLE and Medusa on the captured execution; cut at the
 # budget, the prompt it left half done is finished and the prompts it started are summarised) and goals.py, which prints the goals.
 # Back under $OUT: goals.txt, summary.csv, profile_vs_roofline.csv, device.log and gpu_graphs.tar.gz (both folders).
@@ -55,9 +55,9 @@ timeout 150 python3 run.py task=profile hw=cuda model.path="$WORK/smol.gguf" mod
 step "the captured forward's fixed cost per layer (2- and 8-layer tiny Llamas)"
 timeout 60 python3 experiments/gpu_graphs/graph_overhead.py "$WORK/graph_overhead.json"
 
-RUN=(python3 run.py experiment=gpu_graphs model.path="$WORK/smol.gguf" hydra.run.dir="$WORK/run")
+RUN=(python3 run.py experiment=gpu/graphs model.path="$WORK/smol.gguf" hydra.run.dir="$WORK/run")
 EVAL_S=$(( $(left) - 45 ))
-step "experiment=gpu_graphs within ${EVAL_S} s"
+step "experiment=gpu/graphs within ${EVAL_S} s"
 timeout --signal=INT --kill-after=15 "$EVAL_S" "${RUN[@]}"
 if [ ! -f "$WORK/run/summary.csv" ] && [ -f "$WORK/run/records.jsonl" ]; then
   STARTED=$(python3 experiments/gpu_graphs/goals.py --started "$WORK/run")

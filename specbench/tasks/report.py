@@ -1,6 +1,6 @@
 """task=report: a seed's table (our numbers beside the paper's) re-rendered from a finished run folder.
 
-    python run.py task=report experiment=seed_medusa_table1 report.run=outputs/eval/<the run's folder>
+    python run.py task=report experiment=seeds/medusa_table1 report.run=outputs/eval/<the run's folder>
 
 The experiment's `report` config names the paper YAML and the folder the table goes to; an evaluation, a sweep or
 task=hardware run with a `report` writes the same table itself when it ends.
@@ -17,7 +17,7 @@ from specbench.reporting.paper_table import project_path, report_after_run
 def run(cfg):
     report = cfg.get("report")
     if not report or not report.get("run") or not report.get("paper"):
-        raise SpecbenchError("task=report needs an experiment with a report (experiment=seed_...) and "
+        raise SpecbenchError("task=report needs an experiment with a report (experiment=seeds/NAME) and "
                              "report.run=<the run or sweep folder to read>")
     run_folder = project_path(report.run)
     if not run_folder.is_dir():
