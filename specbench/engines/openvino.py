@@ -38,7 +38,7 @@ from specbench.models.shape import head_dim
 
 log = logging.getLogger(__name__)
 WEIGHTS = re.compile(r"fp32|fp16|int8|int4_g(\d+)")
-DEFAULT_WEIGHTS = "int4_g64"  # what the issue measured (group 128 does not divide SmolLM2's 576 channels)
+DEFAULT_WEIGHTS = "int4_g64"  # experiments/engines' export (group 128 does not divide SmolLM2's 576 channels)
 
 
 def check_weights(weights: str, config=None) -> None:

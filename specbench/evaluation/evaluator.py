@@ -125,7 +125,7 @@ class Evaluator:
         for i, chunk in enumerate(chunks):
             # interleaved, so every method meets the same machine state per prompt, and the first place rotates: the
             # method that goes first pays what the others then find ready (a dynamic-shape model prepared for this
-            # prompt's length, the w4a8r prefill's: ~15-40 ms of SmolLM2's ~190), which would always be plain decoding
+            # prompt's length, as the w4a8r prefill's), which would always be plain decoding
             for run, decoder in decoders[i % len(decoders):] + decoders[: i % len(decoders)]:
                 self._conversations(run, decoder, chunk)
             bar.update(len(chunk))

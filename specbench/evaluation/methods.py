@@ -132,8 +132,9 @@ def check_label(label: str, where: str, fix: str) -> None:
 
 def _compose(overrides: list[str]) -> DictConfig:
     """compose() inside a running Hydra app reuses its search path; elsewhere (tests, notebooks) it opens ours. A copy
-    of a cached composition: a whole config composes in ~0.2 s, and a run resolves its entries twice (the settings
-    check, then the evaluation), as validating the saved experiments resolves the same entries in many of them."""
+    of a cached composition: composing a whole config is slow next to a lookup, and a run resolves its entries twice
+    (the settings check, then the evaluation), as validating the saved experiments resolves the same entries in many
+    of them."""
     return copy.deepcopy(_composed(tuple(overrides), GlobalHydra.instance().is_initialized()))
 
 

@@ -15,11 +15,11 @@ another axis: speedup_any (with speedup_any_ci_low/high) is the same ratio again
 weights (`fastest_ar_any`), beside the headline (quality.py adds that execution's pass@1 delta where measured), and
 speedup_engine (decode_speedup_engine: decode tokens/s alone) against the fastest engine's plain decoding in the run
 (`fastest_engine`: llama.cpp, OpenVINO GenAI, ...), what a user would deploy instead.
-A mean of per-prompt ratios weighs a short prompt's ratio as much as a long one's and can reverse the verdict (a 0.84
-ratio of means read 1.06), so it is only a secondary column: speedup_mean_of_ratios, beside speedup_geomean (the geometric
-mean of the per-prompt ratios). speedup_vs_baseline: the ratio of means against plain decoding on the run's own
-backend and dtype. overhead: mean step latency / mean AR step latency (Medusa). ideal speedup: tau * L(1) / L(n) with
-L from the latency profile (or from measured step times when there is none), n the rows verified per forward;
+A mean of per-prompt ratios weighs a short prompt's ratio as much as a long one's and can reverse the verdict
+(experiments/headline_speedup), so it is only a secondary column: speedup_mean_of_ratios, beside speedup_geomean (the
+geometric mean of the per-prompt ratios). speedup_vs_baseline: the ratio of means against plain decoding on the run's
+own backend and dtype. overhead: mean step latency / mean AR step latency (Medusa). ideal speedup: tau * L(1) / L(n)
+with L from the latency profile (or from measured step times when there is none), n the rows verified per forward;
 efficiency = decode_speedup / ideal, both without prefill. projected_speedup: tau * T(1) / T(n) from the roofline of
 the chosen hw, T(n) the target's forward over n rows plus the drafter's own work (Medusa's heads, a draft model's
 forwards). lossless_match: share of prompts whose tokens equal the method's reference plain decoding (same backend

@@ -1,12 +1,13 @@
 """Which attention kernel a forward runs: transformers' SDPA, its eager attention, or each where this machine runs it
 faster (`model.attention=auto`: the key counts where eager wins, measured by hardware/measured/attention.py).
 
-Why: SDPA's CPU kernel in bfloat16 with one query row cost 17 ms a step over 1,024 cached tokens on a Zen 4, where
-transformers' eager attention (matmul, softmax, matmul) cost 3.6; at 128 tokens SDPA was the faster, and from about
-1,800 again (eager's larger buffers start to cost more than its arithmetic saves). So auto runs eager in windows of
-key counts. It is one attention function registered with transformers' AttentionInterface (and SDPA's mask function
-under the same name): no model file is forked. It dispatches on the number of keys alone, so plain decoding and a
-tree verify at the same context run the same kernel.
+Why: SDPA's CPU kernel in bfloat16 with one query row can cost several times transformers' eager attention (matmul,
+softmax, matmul) over a long cache, while over a short one, and again over a very long one (eager's larger buffers
+then cost more than its arithmetic saves), SDPA is the faster (experiments/fast_forward). Where they cross depends
+on the machine, so auto runs eager in the windows of key counts measured here. It is one attention function
+registered with transformers' AttentionInterface (and SDPA's mask function under the same name): no model file is
+forked. It dispatches on the number of keys alone, so plain decoding and a tree verify at the same context run the
+same kernel.
 """
 
 from __future__ import annotations
@@ -90,9 +91,8 @@ def row_invariant(model: torch.nn.Module) -> torch.nn.Module:
     Why: a tree verify and a one-token forward sum the same q.k and p.v products in other orders (another kernel,
     another blocking; ~1e-8 apart in float32). Float64 sums of float32 products differ between orders by ~1e-16
     relative, which rounds to the same float32 except where a value lies that close to a rounding boundary, about
-    one element in 10^9 (SmolLM2-135M w8a8: every row of 6-node trees and chains bitwise equal, against 1 of 6 with
-    float32 attention). Not a guarantee by construction (gathering each row's keys into its plain-decoding order is,
-    but cost 169 against 89 ms for a 16-node tree on a 2-core Cascade Lake): the run's lossless column checks every
+    one element in 10^9 (experiments/w8a8_same_model). Not a guarantee by construction (gathering each row's keys
+    into its plain-decoding order is, but costs a tree verify far more): the run's lossless column checks every
     answer. The mask is still built for the model's own attention (the model-level config is untouched); only the
     layers' configs are copies.
     Call it on a view whose attention modules are its own (with_weights makes one): a shared module would switch the
@@ -111,8 +111,8 @@ def with_attention(target: LoadedModel, attention: str, windows: dict[str, Windo
     'auto' with `windows`: per dtype name, the key counts where eager runs.
 
     'eager' is the switch with one window over every key count, not transformers' own 'eager': that adds a 4D mask
-    to the scores as it is given, so a boolean tree mask came out as +1/0 and every tree verify was wrong (0 of 10
-    SSSD answers equal to plain decoding in fp32); the switch makes the mask additive first."""
+    to the scores as it is given, so a boolean tree mask would come out as +1/0 and every tree verify would be wrong;
+    the switch makes the mask additive first."""
     check_attention(attention)
     if attention == "sdpa":
         target.model.set_attn_implementation("sdpa")

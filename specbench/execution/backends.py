@@ -157,8 +157,8 @@ def _compiled(model: nn.Module, device: torch.device) -> nn.Module:
         start = time.perf_counter()
         # Dynamo inlines nn.Modules and lifts their weights to graph inputs, so inductor's freezing finds no
         # parameters to freeze unless dynamo installs them on the graph as it traces (prepare_freezing, scoped to
-        # this model's calls). Without it `freezing` did nothing: the compiled bf16 SmolLM2 took 35.2 ms a step and
-        # 40.2 for 8 rows; frozen (oneDNN-packed constants), 24.1 and 25.7.
+        # this model's calls). Without it `freezing` does nothing, and the weights are not packed into oneDNN's
+        # constants that make a compiled step fast (experiments/fast_forward).
         with torch._dynamo.config.patch(prepare_freezing=freeze):
             out = compiled(*args, **kwargs)
         new = torch._dynamo.utils.counters["stats"]["unique_graphs"] - before

@@ -172,8 +172,8 @@ class W8A8Linear(nn.Module):
     row alone (a max is exact in any order), an integer sum has no rounding order, and the float epilogue is
     elementwise. The model around it is not by itself: transformers' attention sums a many-row and a one-row product
     in other orders (~1e-8 apart in fp32), and quantising the activations turns such a difference into a whole code
-    step where it crosses a rounding boundary: on SmolLM2-135M, PLD on a w8a8 target with float32 attention kept 1 of
-    5 answers of its own plain decoding in fp32 (weight-only int8 and int4 keep them: a 1e-8 difference stays 1e-8).
+    step where it crosses a rounding boundary, enough to change answers of a w8a8 target's own plain decoding under
+    speculation (experiments/w8a8_same_model; weight-only int8 and int4 keep them: a 1e-8 difference stays 1e-8).
     So a w8a8 target runs its attention in float64 (execution/attention.py `row_invariant`), which makes the whole
     forward row-invariant, as its tests check bitwise."""
 

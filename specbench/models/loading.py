@@ -1,7 +1,7 @@
 """Load a causal LM and its tokenizer from a package-shipped GGUF, a local dir/file or (offline cache) a hub id.
 
-GGUF loading dequantises the whole file (10-25 s); the first load saves a safetensors copy in the user cache so later
-loads take about a second. transformers refuses to save a GGUF-loaded model until its quantization record is
+GGUF loading dequantises the whole file, which is slow; the first load saves a safetensors copy in the user cache so
+later loads read plain tensors. transformers refuses to save a GGUF-loaded model until its quantization record is
 dropped, which is safe because the weights are already plain dequantised tensors.
 """
 

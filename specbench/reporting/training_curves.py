@@ -23,7 +23,7 @@ def training_curve_figure(metrics: pd.DataFrame, title: str, caption: str) -> Fi
     positions = sorted((c for c in metrics if POSITION.match(c)), key=lambda c: int(POSITION.match(c)[2]))
     panels = ["loss", "accuracy"] + (["tau"] if "val/tau_sim" in metrics else [])
     # one step axis for all panels: held-out rows logged once an epoch would otherwise get an axis of their own
-    # spanning a single step (one validation drew its points at "247.0 ... 248.0")
+    # spanning a single step
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.6), sharex=True)
     ax = axes[0]
     train = metrics.dropna(subset=["train/loss"]) if "train/loss" in metrics else metrics.iloc[:0]

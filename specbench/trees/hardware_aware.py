@@ -8,11 +8,9 @@ runs once per tree level, as EAGLE's, pays for depth that L(n) does not see). Wi
 This is PPD's hardware-aware tree size, Ghidorah's ARCA width and EAGLE's auto-size, in one place.
 
 Where the rate is nearly flat, n* is the smallest size within NEAR_TIE of the best rate rather than the argmax: the
-calibration's error grows with the tree (each node's probability is a product down its path), and it has erred the
-same way each time we measured it, high for deep nodes (EAGLE's teacher-forced table 0.63 at depth 1 against 0.50
-in decoding; its held-out ShareGPT calibration predicted tau 2.33 at 7 nodes, MT-Bench gave 2.00), so a near-tie is
-a tie the smaller tree, with less drafting, wins in practice (EAGLE on an int4 CPU target: 0.0605 tokens/ms at 2
-nodes, 0.0621 at 7, and 7 ran 0.85x where 2 ran 1.08x; experiments/openvino_row_invariant).
+calibration's error grows with the tree (each node's probability is a product down its path) and errs high for deep
+nodes, so a near-tie is a tie the smaller tree, with less drafting, wins in practice
+(experiments/openvino_row_invariant).
 """
 
 from __future__ import annotations

@@ -27,8 +27,8 @@ def commit_path(cache, past_len: int, path: list[int]) -> None:
     """Keep the cache's first past_len entries plus the tree rows listed in path, in that order.
 
     The path's rows are written over the rows after past_len in place, so a commit costs the kept rows, not the whole
-    cache: a gather of every position (index_select) copied the whole cache at every step (11.5 MB for SmolLM2 at
-    250 tokens), and a cache kept in a backend's own memory (execution/openvino/) then had to be copied in again."""
+    cache: a gather of every position (index_select) would copy the whole cache at every step, and a cache kept in a
+    backend's own memory (execution/openvino/) would then have to be copied in again."""
     if isinstance(cache, SlotCache):
         cache.commit(past_len, path)
         return

@@ -18,7 +18,8 @@ from specbench.hardware.measured.peaks import best_seconds, default_dtypes
 from specbench.execution.attention import Windows, eager_forward
 from specbench.models.loading import torch_dtype
 
-# dense enough to find where the kernels cross: on a Zen 4 bf16 eager won from about 384 keys and lost from 1,792
+# dense enough to find where the kernels cross, which can be at a few hundred keys and again near two thousand
+# (experiments/fast_forward)
 CONTEXTS = (64, 96, 128, 192, 256, 384, 512, 768, 1024, 1280, 1536, 1792, 2048, 3072, 4096)
 MARGIN = 0.9  # eager must take at most 90% of SDPA's time: no switch is made on timing noise
 

@@ -56,7 +56,8 @@ def measure_peaks(device: torch.device | str, dtypes=None, matmul_size: int | No
     for name in dtypes or default_dtypes(device):
         a = torch.randn(size, size, device=device).to(torch_dtype(name))
         rows = a[:64].contiguous()  # a 64-token tree's shape
-        linear = torch.nn.functional.linear  # the op a model runs: without native bf16 it is 15x faster than a @ b
+        # the op a model runs: without native bf16 it is far faster than a @ b (experiments/execution_backends)
+        linear = torch.nn.functional.linear
         tflops[name] = max(2 * size**3 / best_seconds(lambda: linear(a, a), sync, budget_s),
                            2 * 64 * size**2 / best_seconds(lambda: linear(rows, a), sync, budget_s)) / 1e12
     if weights_supported("int8", device) is None:  # the weight-only kernels' own FLOP/s: they dequantise in registers
@@ -73,7 +74,8 @@ def measure_peaks(device: torch.device | str, dtypes=None, matmul_size: int | No
 
 def _quantised_peaks(size: int, device: torch.device, sync, budget_s: float) -> dict:
     """TFLOP/s of a 64-row product with int8, int4 and w8a8 weights, in bfloat16 activations (the dtype their kernels
-    vectorise: float32 activations ran 5-25x slower on an AVX-512 Zen 4, which task=profile's table shows)."""
+    vectorise: float32 activations run several times slower, experiments/fast_forward; task=profile's table shows
+    it)."""
     linear = torch.nn.Linear(size, size, bias=False, device=device)
     rows = torch.randn(64, size, device=device, dtype=torch.bfloat16)
     peaks = {}
