@@ -337,3 +337,27 @@ def test_an_engines_memory_is_not_measured_rather_than_zero(tmp_path, fake):
     figure = plots.memory_figure(summary.reset_index())
     notes = [t.get_text() for t in figure.axes[0].texts]
     assert len(notes) == 1 and "not measured" in notes[0]
+
+
+def test_installed_names_each_deployed_engine_installed_here_and_leaves_out_what_cannot_run(tmp_path, monkeypatch,
+                                                                                            caplog):
+    """eval.engines=[installed] (the default run's) is the plain decoding of llama.cpp and OpenVINO GenAI where each is
+    installed; one that cannot decode the run's model (llama.cpp without a GGUF) or a sampled run is left out with a
+    log line, where naming it is one error line."""
+    import logging
+
+    from specbench.evaluation.engines import requested
+    from specbench.sampling import SamplingParams
+
+    monkeypatch.setattr(registry, "_missing", lambda kind: [] if kind.module == "llama_cpp" else [kind.module])
+    assert registry.parse_engines(["installed"]) == [registry.EngineEntry("llama_cpp", "llama_cpp", PLAIN, True)]
+    cfg = compose_cfg([*FAST, "eval.engines=[installed]"], tmp_path)  # the tiny model has no GGUF
+    with caplog.at_level(logging.INFO):
+        assert requested(cfg, SamplingParams(), ["pld"]) == []
+    assert "llama_cpp is left out: eval.engines entry 'llama_cpp' decodes the model's GGUF file itself" in caplog.text
+    with pytest.raises(SpecbenchError, match="decodes the model's GGUF file itself"):
+        requested(compose_cfg([*FAST, "eval.engines=[llama_cpp]"], tmp_path), SamplingParams(), ["pld"])
+    smollm2 = compose_cfg(["eval.engines=[installed]", "model=smollm2_135m"], tmp_path)
+    assert [e.label for e in requested(smollm2, SamplingParams(), ["pld"])] == ["llama_cpp"]
+    assert requested(smollm2, SamplingParams(temperature=0.7), ["pld"]) == []
+

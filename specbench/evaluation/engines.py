@@ -53,39 +53,58 @@ def requested(cfg, sampling: SamplingParams, method_labels: list[str]) -> list[E
     sampling, one prompt at a time, no label of a method, a GGUF for llama.cpp."""
     entries = ([EngineEntry(HF_GENERATE, "transformers", PLAIN)] if cfg.eval.hf_generate else []) \
         + parse_engines(OmegaConf.to_container(cfg.eval.engines) if cfg.eval.get("engines") is not None else None)
+    if any(e.implied for e in entries) and (not sampling.greedy or cfg.eval.batch_size != 1):
+        log.info("eval.engines=[installed]: the engines are left out: they decode greedily, one prompt at a time")
+        entries = [e for e in entries if not e.implied]
     if not entries:
         return []
     check_greedy(sampling, "eval.hf_generate" if [e.label for e in entries] == [HF_GENERATE] else "eval.engines")
     if cfg.eval.batch_size != 1:
         raise SpecbenchError(f"eval.engines decode one prompt at a time; eval.batch_size={cfg.eval.batch_size} "
                              f"would time them against batched methods: use 1")
-    for entry in entries:
-        if entry.label in method_labels:
-            raise SpecbenchError(f"methods has a label '{entry.label}', which eval.engines uses for an engine row; "
-                                 f"give the methods entry another label (label: NAME)")
-        path = cfg.model.get("path")
-        resolved = resolve_path(path) if isinstance(path, str) else None
-        if entry.engine == "llama_cpp" and getattr(resolved, "suffix", None) != ".gguf":
-            raise SpecbenchError(f"eval.engines entry '{entry.label}' decodes the model's GGUF file itself, and "
-                                 f"model.path={path!r} is none; give a model shipped as a .gguf (model=smollm2_135m) "
-                                 f"or drop the entry")
-        if entry.engine == "openvino":  # what the exporter cannot do, said before the model loads
-            from specbench.engines.openvino import DEFAULT_WEIGHTS, check_exportable, check_weights
+    return [entry for entry in entries if _runs_here(cfg, entry, method_labels)]
 
-            config = read_config(str(cfg.model.get("name", "model")), path) if isinstance(path, str) else None
-            check_weights(OmegaConf.select(cfg, "eval.engine_options.openvino.weights") or DEFAULT_WEIGHTS, config)
-            check_exportable(config, str(cfg.model.get("name", "model")))
-            if entry.mode == "draft" and not OmegaConf.select(cfg, "eval.engine_options.openvino.draft_checkpoint"):
-                raise SpecbenchError("eval.engines entry 'openvino:draft' needs a draft of the target's tokenizer: "
-                                     "eval.engine_options.openvino.draft_checkpoint=PATH (a distilled draft artifact)")
-        if entry.engine == "transformers":
-            from specbench.engines.hf import check_options
 
-            check_options(entry.mode, OmegaConf.to_container(cfg.eval.engine_options, resolve=True).get("transformers")
-                          or {}, layer_count(cfg.model))
-        if entry.mode == "draft":
-            _check_draft_options(cfg, entry.engine)
-    return entries
+def _runs_here(cfg, entry: EngineEntry, method_labels: list[str]) -> bool:
+    """Whether `entry` can decode this run's model (one line, SpecbenchError, where it cannot); an engine the user did
+    not name (eval.engines=[installed]) is left out instead, with a log line."""
+    try:
+        _check_entry(cfg, entry, method_labels)
+    except SpecbenchError as exc:
+        if not entry.implied:
+            raise
+        log.info("eval.engines=[installed]: %s is left out: %s", entry.label, exc)
+        return False
+    return True
+
+
+def _check_entry(cfg, entry: EngineEntry, method_labels: list[str]) -> None:
+    """One entry's settings and model, before any model loads."""
+    if entry.label in method_labels:
+        raise SpecbenchError(f"methods has a label '{entry.label}', which eval.engines uses for an engine row; "
+                             f"give the methods entry another label (label: NAME)")
+    path = cfg.model.get("path")
+    resolved = resolve_path(path) if isinstance(path, str) else None
+    if entry.engine == "llama_cpp" and getattr(resolved, "suffix", None) != ".gguf":
+        raise SpecbenchError(f"eval.engines entry '{entry.label}' decodes the model's GGUF file itself, and "
+                             f"model.path={path!r} is none; give a model shipped as a .gguf (model=smollm2_135m) "
+                             f"or drop the entry")
+    if entry.engine == "openvino":  # what the exporter cannot do, said before the model loads
+        from specbench.engines.openvino import DEFAULT_WEIGHTS, check_exportable, check_weights
+
+        config = read_config(str(cfg.model.get("name", "model")), path) if isinstance(path, str) else None
+        check_weights(OmegaConf.select(cfg, "eval.engine_options.openvino.weights") or DEFAULT_WEIGHTS, config)
+        check_exportable(config, str(cfg.model.get("name", "model")))
+        if entry.mode == "draft" and not OmegaConf.select(cfg, "eval.engine_options.openvino.draft_checkpoint"):
+            raise SpecbenchError("eval.engines entry 'openvino:draft' needs a draft of the target's tokenizer: "
+                                 "eval.engine_options.openvino.draft_checkpoint=PATH (a distilled draft artifact)")
+    if entry.engine == "transformers":
+        from specbench.engines.hf import check_options
+
+        check_options(entry.mode, OmegaConf.to_container(cfg.eval.engine_options, resolve=True).get("transformers")
+                      or {}, layer_count(cfg.model))
+    if entry.mode == "draft":
+        _check_draft_options(cfg, entry.engine)
 
 
 def _check_draft_options(cfg, engine: str) -> None:
