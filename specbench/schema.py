@@ -115,8 +115,16 @@ class LlamaCppOptionsSchema:
 
 @dataclass
 class DatastoreSchema:
+    corpus: str = setting(choices=["sharegpt", "self_distilled"])
     num_conversations: int = setting(low=1, high=HELD_OUT_FROM)
+    max_tokens: Optional[int] = setting(low=1)
     path: Optional[str] = setting()
+    # datastore=self_distilled: how the target answers, and ShareGPT indexed beside them (tasks/datastore.py)
+    with_sharegpt: int = setting(low=0, high=HELD_OUT_FROM)
+    max_prompt_tokens: int = setting(low=1)
+    max_new_tokens: int = setting(low=1)
+    batch_size: int = setting(low=1)
+    dtype: str = setting(choices=list(DTYPES))
 
 
 @dataclass

@@ -1,0 +1,133 @@
+"""datastore=self_distilled: SSSD's index of the target's own greedy answers, generated resumably, capped to a size,
+found by method=sssd; bad input in one line."""
+
+import pytest
+
+from specbench.acceptance import ExactAcceptance
+from specbench.data.datastore import Datastore, capped
+from specbench.decoding import Decoder
+from specbench.drafters.autoregressive import AutoregressiveDrafter
+from specbench.errors import SpecbenchError
+from specbench.evaluation.methods import build_drafter
+from specbench.sampling import SamplingParams
+from specbench.tasks import dispatch
+from specbench.training.self_distill import read_cache
+from specbench.training.sharegpt import prompt_ids
+from specbench.trees.native import NativePolicy
+
+from .conftest import compose_cfg
+
+CHATS = [[{"role": "user", "content": text}] for text in
+         ["the cat sat on the mat", "a dog ran after the cat", "abc abc abc", "hello hello world", "x y z x y"]]
+SMALL = ["model=tiny_random", "datastore=self_distilled", "datastore.max_new_tokens=12", "datastore.batch_size=1"]
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A fresh cache and a ShareGPT of five one-turn chats; every read is recorded."""
+    import specbench.data.sharegpt as sharegpt
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    reads = []
+    monkeypatch.setattr(sharegpt, "read_sharegpt", lambda n: reads.append(n) or CHATS[:n])
+    monkeypatch.setattr("specbench.tasks.datastore.read_sharegpt", sharegpt.read_sharegpt)
+    return tmp_path / "cache"
+
+
+def documents(store: Datastore) -> list[list[int]]:
+    """The store's documents, split at its separator."""
+    docs, doc = [], []
+    for token in store.tokens.tolist():
+        if token == store.separator:
+            docs.append(doc)
+            doc = []
+        else:
+            doc.append(token)
+    return docs
+
+
+def test_capped_keeps_documents_in_order_up_to_the_token_count_cutting_the_last():
+    docs = [[1, 2, 3], [4, 5], [6, 7, 8, 9]]
+    assert capped(docs, None) == docs
+    assert capped(docs, 4) == [[1, 2, 3], [4]]
+    assert capped(docs, 5) == [[1, 2, 3], [4, 5]]
+    assert capped(docs, 100) == docs
+
+
+def test_the_index_holds_the_targets_greedy_answers_to_the_prompts(tiny, cache, tmp_path):
+    path = dispatch(compose_cfg([*SMALL, "task=datastore", "datastore.num_conversations=3"], tmp_path / "run"))
+    assert path == cache / "datastores" / "tiny_random" / "self_distilled.npz"
+    store = Datastore.load(path, tiny.tokenizer, tiny.name)
+    assert store.meta["corpus"] == "self_distilled" and store.meta["num_conversations"] == 3
+    for chat, doc in zip(CHATS[:3], documents(store), strict=True):
+        prompt = prompt_ids(tiny.tokenizer, chat, 128)
+        answer = Decoder(tiny.model, AutoregressiveDrafter(), ExactAcceptance(), SamplingParams(), 12,
+                         tiny.eos_token_ids).generate(prompt).tokens
+        assert doc == prompt + answer
+
+
+def test_a_larger_corpus_answers_only_the_missing_prompts_and_keeps_the_cache(tiny, cache, tmp_path, monkeypatch):
+    import specbench.training.self_distill as self_distill
+
+    dispatch(compose_cfg([*SMALL, "task=datastore", "datastore.num_conversations=2"], tmp_path / "run"))
+    answers = next((cache / "training").glob("selfdistill-tiny_random-*.jsonl"))
+    before = answers.read_bytes()
+    generated = []
+    real = self_distill._greedy
+    monkeypatch.setattr(self_distill, "_greedy", lambda model, prompts, *a: generated.extend(prompts)
+                        or real(model, prompts, *a))
+    path = dispatch(compose_cfg([*SMALL, "task=datastore", "datastore.num_conversations=4"], tmp_path / "run"))
+    assert len(generated) == 2  # prompts 3 and 4 alone
+    assert answers.read_bytes().startswith(before) and len(answers.read_text().splitlines()) == 4
+    assert len(documents(Datastore.load(path, tiny.tokenizer, tiny.name))) == 4
+    dispatch(compose_cfg([*SMALL, "task=datastore", "datastore.num_conversations=3"], tmp_path / "run"))
+    assert len(generated) == 2  # fewer asked: all cached, the index of the first three
+    assert len(documents(Datastore.load(path, tiny.tokenizer, tiny.name))) == 3
+
+
+def test_with_sharegpt_indexes_sharegpts_conversations_after_the_answers(tiny, cache, tmp_path):
+    from specbench.data.datastore import sharegpt_documents
+
+    path = dispatch(compose_cfg([*SMALL, "task=datastore", "datastore.num_conversations=2",
+                                 "datastore.with_sharegpt=3"], tmp_path / "run"))
+    store = Datastore.load(path, tiny.tokenizer, tiny.name)
+    docs = documents(store)
+    assert len(docs) == 5 and store.meta["with_sharegpt"] == 3
+    answers = read_cache(next((cache / "training").glob("selfdistill-tiny_random-*.jsonl")))
+    assert docs[:2] == [r["prompt"] + r["response"] for r in answers]  # the answers first, then ShareGPT's text
+    assert docs[2:] == sharegpt_documents(tiny.tokenizer, 3, True)
+
+
+@pytest.mark.parametrize("corpus", ["self_distilled", "sharegpt"])
+def test_max_tokens_caps_either_corpus_to_the_same_size(tiny, cache, tmp_path, corpus):
+    path = dispatch(compose_cfg(["model=tiny_random", f"datastore={corpus}", "task=datastore",
+                                 "datastore.num_conversations=5", "datastore.max_tokens=100",
+                                 f"datastore.path={tmp_path / corpus}.npz"]
+                                + (SMALL[2:] if corpus == "self_distilled" else []), tmp_path / "run"))
+    store = Datastore.load(path, tiny.tokenizer, tiny.name)
+    assert sum(map(len, documents(store))) == 100 and store.meta["max_tokens"] == 100
+
+
+def test_method_sssd_drafts_from_it_when_the_run_names_it(tiny, cache, tmp_path):
+    dispatch(compose_cfg([*SMALL, "task=datastore", "datastore.num_conversations=2"], tmp_path / "run"))
+    cfg = compose_cfg(["method=sssd", "model=tiny_random", "datastore=self_distilled"], tmp_path / "run")
+    drafter = build_drafter(cfg.method.drafter, tiny, NativePolicy(8))
+    assert drafter.store.meta["corpus"] == "self_distilled"
+    missing = compose_cfg(["method=sssd", "model=tiny_random", "datastore=self_distilled",
+                           f"datastore.path={tmp_path}/none.npz"], tmp_path / "run")
+    with pytest.raises(SpecbenchError, match=r"none.npz' does not exist; build it with `python run.py task=datastore "
+                                             r"model=tiny_random`"):
+        build_drafter(missing.method.drafter, tiny, NativePolicy(8))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("datastore.corpus=web", r"datastore.corpus='web' is invalid"),
+    ("datastore.num_conversations=10001", "datastore.num_conversations=10001 is invalid"),
+    ("datastore.max_tokens=0", "datastore.max_tokens=0 is invalid"),
+    ("datastore.dtype=int8", "datastore.dtype='int8' is invalid"),
+    ("model.chat_template=false", "datastore=self_distilled prompts the target through its chat template"),
+])
+def test_bad_settings_are_one_line_before_any_answer(cache, tmp_path, override, message):
+    with pytest.raises(SpecbenchError, match=message):
+        dispatch(compose_cfg([*SMALL, "task=datastore", override], tmp_path / "run"))
+    assert not (cache / "training").exists()
