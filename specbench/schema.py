@@ -34,8 +34,9 @@ from specbench.evaluation.methods import resolve_entries
 from specbench.execution.value import Execution
 from specbench.evaluation.quality import check_quality
 from specbench.execution.attention import check_attention
-from specbench.execution.backends import AUTO, BACKENDS, RUN_KEYS, check_backend
+from specbench.execution.backends import AUTO, BACKENDS, OPENVINO, RUN_KEYS, check_backend
 from specbench.execution.graphs import check_run
+from specbench.execution.openvino import group_problem
 from specbench.models.loading import DTYPES, check_model_path, load_model, read_config
 from specbench.execution.quantize import FORMATS, GROUP_SIZES, GROUPED, check_backend_weights, check_weights
 from specbench.models.shape import linear_input_widths
@@ -248,7 +249,11 @@ def check_fits_model(cfg: DictConfig, budgets: dict[str, object]) -> None:
     if int4_used(cfg):
         group = model.get("group_size", 32)
         inputs = linear_input_widths(config)
-        if any(n % group for n in inputs):
+        if model.get("backend") == OPENVINO:  # NNCF groups the channels, not aten's kernel
+            if problem := group_problem(config, f"int4_g{group}"):
+                raise SpecbenchError(f"model.group_size={group} is invalid for model {name} on model.backend=openvino: "
+                                     f"{problem}")
+        elif any(n % group for n in inputs):
             fits = [g for g in GROUP_SIZES if not any(n % g for n in inputs)]
             raise SpecbenchError(f"model.group_size={group} is invalid for model {name}: it must divide every "
                                  f"linear's input channels ({', '.join(map(str, inputs))}); "
@@ -430,7 +435,7 @@ def _check_inputs(cfg: DictConfig) -> None:
     if model is not None and model.get("attention") is not None:
         check_attention(model.attention)
     if model is not None and model.get("weights") is not None:
-        check_weights(model.weights, model.get("group_size", 32))
+        check_weights(model.weights, model.get("group_size", 32), backend=model.get("backend", "eager"))
         check_backend_weights(model.weights, model.get("backend", "eager"))
     for text in OmegaConf.select(cfg, "eval.plain_executions") or []:
         Execution.parse(text, model.get("group_size", 32) if model is not None else 32)

@@ -4,6 +4,7 @@ speculative decoding equals plain decoding on it, and its output equals the eage
 import copy
 import dataclasses
 import importlib.util
+from pathlib import Path
 
 import pytest
 import torch
@@ -582,6 +583,11 @@ def test_w4a8_anywhere_but_openvino_is_one_line_before_the_model_loads(override,
 @pytest.mark.parametrize("override, message", [
     ("eval.dtype=bfloat16", "model.backend=openvino with eval.dtype=bfloat16: the openvino backend runs float32"),
     ("model.weights=w8a8", "model.backend=openvino with model.weights=w8a8: .*not w8a8"),
+    ("model.weights=int4 model.group_size=48", "^model.group_size=48 is invalid for model tiny_random on "
+     "model.backend=openvino: NNCF groups every linear's input channels by it, so it must divide each of them "
+     r"\(64, 128\); give one of 16, 32, 64$"),
+    ("model.weights=int4 model.group_size=0", "^model.group_size=0 is invalid for int4 weights on "
+     "model.backend=openvino: NNCF compresses a linear's input channels in groups"),
     ("model.weights=w4a8r eval.batch_size=2",
      "model.weights=w4a8r_g32 with eval.batch_size=2: .*one prompt at a time; set eval.batch_size=1"),
 ])
@@ -590,14 +596,104 @@ def test_openvino_settings_it_cannot_run_are_one_line_before_the_model_loads(ove
     from specbench.tasks import eval as eval_task
     from tests.conftest import compose_cfg
 
+    from specbench.tasks import dispatch
+
     monkeypatch.setattr(eval_task, "setup_target", lambda *a, **k: pytest.fail("the model was loaded"))
     if NO_OPENVINO:
         message = "OpenVINO is not installed"
     cfg = compose_cfg(["model=tiny_random", "model.backend=openvino", "eval.dtype=float32", *override.split()],
                       tmp_path / "run")
     with pytest.raises(SpecbenchError, match=message):
-        eval_task.run(cfg)
+        dispatch(cfg)
 
+
+
+def test_int4_groups_are_nncfs_on_openvino_and_atens_elsewhere():
+    """NNCF groups a linear's input channels by any size dividing them, aten's int4 kernel takes four sizes: a group
+    of 16 or 48 is refused citing aten's kernel on the eager backends only, and openvino's refusal cites NNCF."""
+    from specbench.execution.quantize import check_weights
+    from specbench.execution.value import Execution
+
+    check_weights("int4", 16, backend="openvino")
+    assert Execution.parse("openvino/float32/int4_g48") == ("openvino", "float32", "int4_g48")
+    with pytest.raises(SpecbenchError, match="the group sizes aten's CPU int4 kernel takes"):
+        check_weights("int4", 16)
+    with pytest.raises(SpecbenchError, match="invalid"):
+        Execution.parse("eager/float32/int4_g48")
+    with pytest.raises(SpecbenchError, match="on model.backend=openvino: NNCF compresses"):
+        check_weights("int4", -32, backend="openvino")
+
+
+@pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed")
+def test_a_cached_openvino_ir_cut_short_is_exported_again_with_one_notice(tiny, tmp_path, monkeypatch, capsys):
+    """An IR whose .bin or .xml was cut short (or that holds no record of a finished export) is found before
+    OpenVINO reads it and fails naming no file: it is removed with one notice and exported again, so the next run
+    is not refused forever."""
+    import openvino as ov
+
+    from specbench.execution.openvino.attention import ATTENTION
+    from specbench.execution.openvino.export import MANIFEST, exported
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    xml = Path(exported(tiny, "fp", ATTENTION))
+    weights = xml.with_suffix(".bin").read_bytes()
+    capsys.readouterr()
+    for cut, size in ((xml.with_suffix(".bin"), 1000), (xml, 2000), (xml.parent / MANIFEST, 0)):
+        cut.write_bytes(cut.read_bytes()[:size]) if size else cut.unlink()
+        assert Path(exported(tiny, "fp", ATTENTION)) == xml
+        notice = capsys.readouterr().out
+        assert f"notice: the cached OpenVINO export {xml.parent} is unusable" in notice and "exporting" in notice
+        assert xml.with_suffix(".bin").read_bytes() == weights
+        ov.Core().read_model(str(xml))
+    assert Path(exported(tiny, "fp", ATTENTION)) == xml and capsys.readouterr().out == ""  # whole: read as it is
+    assert sorted(p.name for p in xml.parent.parent.iterdir()) == [xml.parent.name]  # nothing else left behind
+
+
+CTRL_C = """
+import os, signal, sys
+from pathlib import Path
+import openvino as ov
+from specbench.models import tiny_random
+from specbench.execution.openvino.attention import ATTENTION
+from specbench.execution.openvino.export import exported, ir_folder
+
+during = sys.argv[1]
+tiny, real = tiny_random(dtype="float32"), getattr(ov, during)
+
+def interrupted(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C while OpenVINO's own code runs
+    return real(*args, **kwargs)
+
+setattr(ov, during, interrupted)
+try:
+    exported(tiny, "fp", ATTENTION)
+except KeyboardInterrupt:
+    print("KeyboardInterrupt")
+folder = ir_folder(tiny, "forward-fp", ATTENTION)
+print("left behind:", sorted(p.name for p in folder.parent.iterdir()) if folder.parent.exists() else [])
+setattr(ov, during, real)
+print("exported again:", Path(exported(tiny, "fp", ATTENTION)).exists())
+"""
+
+
+@pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed")
+@pytest.mark.parametrize("during", ["convert_model", "save_model"])
+def test_ctrl_c_during_an_openvino_export_is_an_interrupt_and_leaves_no_ir(tmp_path, during):
+    """Ctrl-C while OpenVINO converts or saves the IR is held until its C++ code returns (a KeyboardInterrupt inside
+    its callbacks terminated the process or came out as 'cannot export this model') and then raised as what it is,
+    an interrupt, leaving no folder, whole or half-written, for a later run to read; the next export succeeds. In a
+    process of its own: a signal belongs to the process, not to the test worker that shares it."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, HF_HUB_OFFLINE="1", SPECBENCH_CACHE=str(tmp_path / "cache"))
+    proc = subprocess.run([sys.executable, "-c", CTRL_C, during], cwd=Path(__file__).parents[1], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "interrupted: stopping once OpenVINO's" in proc.stderr
+    lines = [line for line in proc.stdout.splitlines() if not line.startswith("notice: exporting")]
+    assert lines == ["KeyboardInterrupt", "left behind: []", "exported again: True"], proc.stdout
 
 
 @pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed")

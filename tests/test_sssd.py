@@ -234,7 +234,7 @@ def test_task_datastore_end_to_end(tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
     assert SSSDDrafter(tiny, NativePolicy(8)).store.meta == store.meta  # found again at the default path
     bad = subprocess.run(args[:3] + ["model=tiny_random", "++datastore.num_conversations=0", "++datastore.path=null",
-                                     f"hydra.run.dir={tmp_path}/run"],
+                                     f"hydra.run.dir={tmp_path}/bad"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines()[-1].startswith("error: datastore.num_conversations=0 is invalid")

@@ -16,9 +16,7 @@ source, the weight format and the versions that shape the IR, and written whole 
 from __future__ import annotations
 
 import logging
-import os
 import re
-import shutil
 import warnings
 from pathlib import Path
 
@@ -32,7 +30,8 @@ from specbench.decoding import Generation
 from specbench.engines.base import Clock, Engine, EngineContext, EngineUnavailable
 from specbench.errors import SpecbenchError
 from specbench.models.distilled_draft import load_distilled_draft
-from specbench.execution.openvino import compressed, flat_cache, group_problem, ir_folder
+from specbench.execution.openvino import (compressed, flat_cache, group_problem, interrupt_after, ir_folder,
+                                         save_whole, usable)
 from specbench.models.loading import LoadedModel, with_dtype
 from specbench.models.shape import head_dim
 
@@ -118,24 +117,23 @@ class OpenVinoEngine(Engine):
 
 
 def export(loaded: LoadedModel, weights: str) -> Path:
-    """The stateful IR of `loaded` (its float weights) in `weights`, with its tokenizer: cached, exported once."""
+    """The stateful IR of `loaded` (its float weights) in `weights`, with its tokenizer: cached, exported once (and
+    again when the cached one is unusable)."""
     folder = ir_folder(loaded, f"genai-{weights}")
-    if (folder / "openvino_model.xml").exists():
+    if usable(folder):
         return folder
     print(f"notice: exporting {loaded.name} to an OpenVINO IR ({weights}) once, into {folder}")
-    tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
     model = with_dtype(loaded, "float32").model
     ir = stateful_ir(model)
-    ov.save_model(compressed(ir, weights), tmp / "openvino_model.xml", compress_to_fp16=weights == "fp16")
-    _save_tokenizer(loaded.tokenizer, tmp)
-    model.config.save_pretrained(tmp)
-    model.generation_config.save_pretrained(tmp)
-    try:
-        tmp.rename(folder)
-    except OSError:  # another process exported it meanwhile: keep theirs
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    def save(tmp: Path) -> None:
+        with interrupt_after("compression and saving of the IR"):
+            ov.save_model(compressed(ir, weights), tmp / "openvino_model.xml", compress_to_fp16=weights == "fp16")
+            _save_tokenizer(loaded.tokenizer, tmp)
+        model.config.save_pretrained(tmp)
+        model.generation_config.save_pretrained(tmp)
+
+    save_whole(folder, save)
     return folder
 
 
@@ -149,7 +147,7 @@ def stateful_ir(model: torch.nn.Module) -> ov.Model:
     example = (torch.ones(1, 3, dtype=torch.long), torch.ones(1, 5, dtype=torch.long), torch.arange(2, 5)[None],
                *[torch.zeros(1, kv_heads, 2, width) for _ in past])
     try:  # the trace's warnings are about code paths of the model it specialises, nothing a user acts on
-        with torch.no_grad(), warnings.catch_warnings():
+        with torch.no_grad(), warnings.catch_warnings(), interrupt_after("conversion of the model"):
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
             warnings.filterwarnings("ignore", message=r"`past_key_values` is deprecated", category=FutureWarning)
             ir = ov.convert_model(_CacheAsTensors(model), example_input=example)

@@ -240,7 +240,7 @@ def run_weights(cfg) -> tuple[str, list[str]]:
     """(the run's weights: auto or a format name, the formats the machine profile measures and the fastest plain
     decoding is chosen among): eval.profile_weights, with model.weights itself when it names one."""
     group, weights = cfg.model.get("group_size", 32), cfg.model.get("weights", "fp")
-    check_weights(weights, group)
+    check_weights(weights, group, backend=cfg.model.get("backend", "eager"))
     if not set(cfg.eval.profile_weights) <= set(FORMATS):
         raise SpecbenchError(f"eval.profile_weights={list(cfg.eval.profile_weights)} is invalid: give one or more of "
                              f"{', '.join(FORMATS)}")

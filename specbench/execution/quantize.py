@@ -43,9 +43,10 @@ GROUP_SIZES = (32, 64, 128, 256)  # what _weight_int4pack_mm_for_cpu accepts
 INT4_ROWS = 16  # _convert_weight_to_int4pack_for_cpu packs output channels in blocks of 16
 
 
-def check_weights(weights: str, group_size: int = 32, where: str = "model.weights") -> None:
+def check_weights(weights: str, group_size: int = 32, where: str = "model.weights", backend: str = "eager") -> None:
     """One error line for a format or group size the kernels cannot run (the group size is checked whatever the
-    format: eval.profile_weights may quantise to int4 a run whose own weights are fp)."""
+    format: eval.profile_weights may quantise to int4 a run whose own weights are fp). On model.backend=openvino the
+    group is NNCF's to take, not aten's."""
     if weights not in (*FORMATS, AUTO):
         head, group = split_format(str(weights))
         if head != weights:  # int4_g64: a format's name, whose group size is a setting of its own here
@@ -54,7 +55,11 @@ def check_weights(weights: str, group_size: int = 32, where: str = "model.weight
             raise SpecbenchError(f"{where}='{weights}' is unknown: the group size is a setting of its own, so give "
                                  f"{where}={head} {sizes}")
         raise SpecbenchError(f"{where}='{weights}' is unknown; valid choices: {', '.join(FORMATS)}, {AUTO}")
-    if isinstance(group_size, bool) or group_size not in GROUP_SIZES:
+    if backend == "openvino":
+        if problem := openvino.group_error(group_size):
+            raise SpecbenchError(f"model.group_size={group_size!r} is invalid for int4 weights on "
+                                 f"model.backend=openvino: {problem}")
+    elif isinstance(group_size, bool) or group_size not in GROUP_SIZES:
         raise SpecbenchError(f"model.group_size={group_size!r} is invalid for int4 weights: give one of "
                              f"{', '.join(map(str, GROUP_SIZES))} (the group sizes aten's CPU int4 kernel takes)")
 

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 from specbench.errors import SpecbenchError
 from specbench.execution.backends import BACKENDS, OPENVINO, with_backend
-from specbench.execution.openvino import with_openvino
+from specbench.execution.openvino import group_error, with_openvino
 from specbench.execution.quantize import FORMATS, GROUP_SIZES, backend_problem, format_name, split_format, with_weights
 from specbench.models.loading import DTYPES, LoadedModel, with_dtype
 
@@ -35,7 +35,8 @@ class Execution(NamedTuple):
         ok = len(parts) in (2, 3) and parts[0] in BACKENDS and parts[1] in DTYPES
         if ok and len(parts) == 3:
             weights, group = split_format(parts[2], group_size)
-            ok = weights in FORMATS and group in GROUP_SIZES
+            grouped = group in GROUP_SIZES if parts[0] != OPENVINO else group_error(group) is None  # NNCF's groups
+            ok = weights in FORMATS and grouped
         if not ok:
             raise SpecbenchError(f"eval.plain_executions entry '{text}' is invalid: give backend/dtype[/weights] with "
                                  f"a backend of {', '.join(BACKENDS)}, a dtype of {', '.join(DTYPES)} and weights of "

@@ -86,7 +86,8 @@ def quantises_activations() -> bool:
     weight = ops.reshape(weight, ops.constant(np.array([out, width], np.int64)), False)
     model = ov.Model([ops.matmul(x, weight, False, True)], [x])
     inputs = rng.standard_normal((rows, width)).astype(np.float32)
-    first, second = (compiled(model, PROPERTIES | {"DYNAMIC_QUANTIZATION_GROUP_SIZE": g})(inputs)[0] for g in (0, group))
+    first, second = (compiled(model, PROPERTIES | {"DYNAMIC_QUANTIZATION_GROUP_SIZE": g})(inputs)[0]
+                     for g in (0, group))
     return not np.array_equal(first, second)
 
 

@@ -7,9 +7,13 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import io
+import json
 import logging
 import os
 import shutil
+import signal
+import sys
+import threading
 import warnings
 from pathlib import Path
 
@@ -24,6 +28,9 @@ from specbench.models.shape import head_dim
 
 # the IR's inputs in order (recent_attention's window inputs follow them in its layout)
 INPUTS = ("inputs_embeds", "attention_mask", "position_ids", "past", "logits_rows", "hidden_rows")
+# written last into a finished export: each of its files and their sizes, so an export cut short on disk (a full disk,
+# a copy interrupted, a file truncated by hand) is found before OpenVINO reads it and fails naming no file
+MANIFEST = "specbench_export.json"
 
 
 def ir_folder(loaded: LoadedModel, kind: str, layout: str = "") -> Path:
@@ -92,12 +99,77 @@ class _Traced(nn.Module):
 
 
 def exported(fp32: LoadedModel, stored: str, layout: str) -> str:
-    """The path of the IR of `fp32`'s forward in weights `stored` tracing attention `layout`, exported on first use."""
+    """The path of the IR of `fp32`'s forward in weights `stored` tracing attention `layout`, exported on first use
+    (and again when the cached one is unusable)."""
     folder = ir_folder(fp32, f"forward-{stored}", layout)
-    if not (folder / "openvino_model.xml").exists():
+    if not usable(folder):
         print(f"notice: exporting {fp32.name} to an OpenVINO IR ({stored}, {layout}) once, into {folder}")
         export(fp32.model, stored, folder, layout)
     return str(folder / "openvino_model.xml")
+
+
+def usable(folder: Path) -> bool:
+    """Whether `folder` holds a whole export (every file MANIFEST records, at its size). One that does not is
+    removed with a one-line notice, so the caller exports it again instead of every later run failing on it."""
+    if not folder.exists():
+        return False
+    why = None
+    try:
+        sizes = json.loads((folder / MANIFEST).read_text())
+    except (OSError, ValueError):
+        why = "it holds no record of a finished export"
+    else:
+        wrong = [name for name, size in sizes.items()
+                 if not (folder / name).is_file() or (folder / name).stat().st_size != size]
+        if wrong:
+            why = f"{', '.join(wrong)} missing or of another size than exported"
+    if why is None:
+        return True
+    print(f"notice: the cached OpenVINO export {folder} is unusable ({why}); exporting it again")
+    broken = folder.with_name(f"{folder.name}.broken{os.getpid()}")
+    folder.rename(broken)
+    shutil.rmtree(broken, ignore_errors=True)
+    return False
+
+
+def save_whole(folder: Path, save) -> None:
+    """`save(tmp)` into a temporary folder beside `folder`, MANIFEST written last, then renamed to `folder`: a reader
+    finds a whole export or none, and an export that fails or is interrupted leaves nothing behind."""
+    tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        save(tmp)
+        sizes = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+        (tmp / MANIFEST).write_text(json.dumps(sizes, indent=1))
+        with contextlib.suppress(OSError):  # another process exported it meanwhile: keep theirs
+            tmp.rename(folder)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def interrupt_after(what: str):
+    """Ctrl-C (SIGINT) held while OpenVINO's C++ code runs `what` and raised as KeyboardInterrupt once it returns:
+    a KeyboardInterrupt raised inside a Python callback of its frontend terminates the process or comes out as a
+    conversion error. A no-op off the main thread, where Python delivers no signal."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = []
+
+    def hold(signum, frame):
+        if not received:
+            print(f"\ninterrupted: stopping once OpenVINO's {what} returns", file=sys.stderr)
+        received.append(signum)
+
+    previous = signal.signal(signal.SIGINT, hold)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if received:
+        raise KeyboardInterrupt
 
 
 def export(model: nn.Module, weights: str, folder: Path, layout: str = ATTENTION) -> None:
@@ -118,7 +190,7 @@ def export(model: nn.Module, weights: str, folder: Path, layout: str = ATTENTION
     attention = model.config._attn_implementation
     model.config._attn_implementation = layout
     try:  # the trace's warnings are about code paths of the model it specialises, nothing a user acts on
-        with torch.no_grad(), warnings.catch_warnings():
+        with torch.no_grad(), warnings.catch_warnings(), interrupt_after("conversion of the model"):
             warnings.simplefilter("ignore")
             ir = ov.convert_model(_Traced(model), example_input=example)
     except Exception as exc:  # noqa: BLE001  (the frontend raises its own types)
@@ -134,11 +206,9 @@ def export(model: nn.Module, weights: str, folder: Path, layout: str = ATTENTION
         port.get_tensor().set_names({name})
         port.get_node().set_partial_shape(ov.PartialShape(shape))
     ir.validate_nodes_and_infer_types()
-    tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    ov.save_model(compressed(ir, weights), tmp / "openvino_model.xml", compress_to_fp16=False)
-    try:
-        tmp.rename(folder)
-    except OSError:  # another process exported it meanwhile: keep theirs
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    def save(tmp: Path) -> None:
+        with interrupt_after("compression and saving of the IR"):
+            ov.save_model(compressed(ir, weights), tmp / "openvino_model.xml", compress_to_fp16=False)
+
+    save_whole(folder, save)

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from specbench.execution.openvino.compile import compiled
-from specbench.execution.openvino.export import compressed
+from specbench.execution.openvino.export import compressed, interrupt_after
 
 
 class OpenVinoLinear(nn.Module):
@@ -25,7 +25,7 @@ class OpenVinoLinear(nn.Module):
 
         self.weight, self.in_features, self.out_features = linear.weight, linear.in_features, linear.out_features
         source = linear if linear.weight.dtype == torch.float32 else copy.deepcopy(linear).float()
-        with torch.no_grad(), warnings.catch_warnings():
+        with torch.no_grad(), warnings.catch_warnings(), interrupt_after("conversion of a draft head"):
             warnings.simplefilter("ignore")
             ir = ov.convert_model(source, example_input=torch.zeros(2, self.in_features))
         ir.inputs[0].get_node().set_partial_shape(ov.PartialShape([-1, self.in_features]))

@@ -3,6 +3,8 @@ NNCF compresses (or OpenVINO's own int8-activation formats), an int4 group divid
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from specbench.errors import SpecbenchError
@@ -46,6 +48,15 @@ def check_run(dtype: str, weights: str, config=None, batch_size: int = 1) -> Non
                              f"decodes one prompt at a time; set eval.batch_size=1 (or model.weights=int4)")
 
 
+def group_error(group_size) -> str | None:
+    """Why model.group_size cannot group NNCF's int4 compression, None when it can: NNCF quantises each linear's input
+    channels in groups of any size that divides them (group_problem checks that once the model's config is known)."""
+    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
+        return ("NNCF compresses a linear's input channels in groups of this many; give a positive integer dividing "
+                "every linear's input channels")
+    return None
+
+
 def group_problem(config, weights: str) -> str | None:
     """Why NNCF cannot compress this model's linears to `weights` (int4_g<group>: the group must divide every
     linear's input width), None when it can or the config is unknown."""
@@ -54,5 +65,8 @@ def group_problem(config, weights: str) -> str | None:
     group = int(weights.rpartition("_g")[2])
     widths = linear_input_widths(config)
     if any(n % group for n in widths):
-        return f"the group must divide every linear's input width ({', '.join(map(str, widths))})"
+        common = math.gcd(*widths)
+        fits = [g for g in range(16, common + 1) if common % g == 0]
+        return (f"NNCF groups every linear's input channels by it, so it must divide each of them "
+                f"({', '.join(map(str, widths))})" + (f"; give one of {', '.join(map(str, fits))}" if fits else ""))
     return None
