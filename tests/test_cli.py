@@ -16,7 +16,7 @@ from specbench.tasks import dispatch
 from .conftest import compose_cfg
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = ["model=tiny_random", "eval.dtype=float32", "eval.max_new_tokens=8", "eval.warmup=0",
+TINY = ["model=tiny_random", "method=pld", "eval.dtype=float32", "eval.max_new_tokens=8", "eval.warmup=0",
         "eval.latency_profile=false", "eval.fastest_ar=false"]
 
 

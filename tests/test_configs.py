@@ -82,3 +82,18 @@ def test_medusa_composes_with_every_tree_it_accepts(tree, tmp_path):
     """The method file sets no tree keys of one policy, so picking another policy leaves no stray key behind."""
     cfg = compose_cfg(["method=medusa", f"tree={tree}"], tmp_path)
     assert instantiate(cfg.tree).name == tree
+
+
+def test_the_default_run_compares_plain_decoding_pld_and_sssd_with_the_installed_engines():
+    """`python run.py` with nothing named: method=first_look, PLD and SSSD beside plain decoding on answers long enough
+    for drafting to show, the installed engines beside them; naming a method runs it alone."""
+    from hydra import compose, initialize_config_dir
+
+    from tests.conftest import CONF
+
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        default, named = compose(config_name="config"), compose(config_name="config", overrides=["method=medusa"])
+    entries = [m if isinstance(m, str) else m["method"] for m in default.methods]
+    assert entries == ["pld", "sssd"] and default.eval.max_new_tokens >= 64
+    assert list(default.eval.engines) == ["installed"]
+    assert named.methods is None and named.method.name == "medusa" and list(named.eval.engines) == []

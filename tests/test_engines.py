@@ -235,8 +235,9 @@ def test_openvino_weights_and_models_it_cannot_export_are_one_line_before_any_mo
                                              r"fp16, int8 or int4_g<group>"):
         eval_task.run(compose_cfg([*FAST, "eval.engines=[openvino]", "eval.engine_options.openvino.weights=int3"],
                                   tmp_path))
-    with pytest.raises(SpecbenchError, match=r"weights=int4_g100 is invalid for this model: the group must divide "
-                                             r"every linear's input width \(576, 1536\)"):
+    with pytest.raises(SpecbenchError, match=r"weights=int4_g100 is invalid for this model: NNCF groups every "
+                                             r"linear's input channels by it, so it must divide each of them "
+                                             r"\(576, 1536\); give one of 16, 24, 32, 48, 64, 96, 192"):
         eval_task.run(compose_cfg(["model=smollm2_135m", *FAST[1:], "eval.engines=[openvino]",
                                    "eval.engine_options.openvino.weights=int4_g100"], tmp_path))
     with pytest.raises(SpecbenchError, match=r"'openvino:draft' needs a draft of the target's tokenizer: "

@@ -25,8 +25,9 @@ from specbench.tasks import eval as eval_task
 from .conftest import CONF, compose_cfg
 
 ROOT = Path(__file__).resolve().parents[1]
-RUN = ["model=tiny_random", "eval.dtype=float32", "eval.num_prompts=2", "eval.max_new_tokens=8", "eval.warmup=0",
-       "eval.memory_probe=false", "eval.fastest_ar=false", "eval.latency_profile=false", "eval.first_turn_only=true"]
+RUN = ["model=tiny_random", "method=pld", "eval.dtype=float32", "eval.num_prompts=2", "eval.max_new_tokens=8",
+       "eval.warmup=0", "eval.memory_probe=false", "eval.fastest_ar=false", "eval.latency_profile=false",
+       "eval.first_turn_only=true"]
 TWO = [*RUN, "methods=[pld,{method:pld,label:pld-3,overrides:['tree.budget=3']}]"]
 
 

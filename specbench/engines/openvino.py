@@ -150,6 +150,9 @@ def stateful_ir(model: torch.nn.Module) -> ov.Model:
         with torch.no_grad(), warnings.catch_warnings(), interrupt_after("conversion of the model"):
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
             warnings.filterwarnings("ignore", message=r"`past_key_values` is deprecated", category=FutureWarning)
+            # the frontend reads every module attribute, a deprecated property among them
+            warnings.filterwarnings("ignore", message=r"`is_gradient_checkpointing` is deprecated",
+                                    category=FutureWarning)
             ir = ov.convert_model(_CacheAsTensors(model), example_input=example)
     except Exception as exc:  # noqa: BLE001  (the frontend raises its own types; any of them leaves the row out)
         lines = [line for line in str(exc).splitlines() if line.strip()]

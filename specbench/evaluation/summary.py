@@ -80,7 +80,9 @@ def print_table(summary: pd.DataFrame) -> None:
                if summary.get("fastest_engine", pd.Series(dtype=object)).notna().any() else {}),
             "lossless": [_lossless(r) for _, r in summary.iterrows()],
         }).to_string(index=False))
-    same = "; ".join(f"{w}: {ref}" for w, ref in dict(zip(weights, summary["fastest_ar"])).items())
+    own = dict(zip(summary["method"], weights))  # an engine's weights have no plain decoding of ours to stand on
+    same = "; ".join(f"{w}: {ref}" if own.get(ref) == w else f"{w}: none decoded here, so {ref} ({own.get(ref)})"
+                     for w, ref in dict(zip(weights, summary["fastest_ar"])).items())
     engine = summary["fastest_engine"].iloc[0] if "fastest_engine" in summary else math.nan
     print(f"speedup: ratio of means against the fastest plain decoding of the same weights ({same}), 95% paired "
           f"bootstrap CI; vs any weights: against {summary['fastest_ar_any'].iloc[0]}"

@@ -10,7 +10,7 @@ import torch
 from specbench.errors import SpecbenchError
 from specbench.models.shape import linear_input_widths
 
-INSTALL = "pip install -e '.[engines]'"
+INSTALL = "a core dependency: pip install -e . installs it"
 # the formats that are OpenVINO's own (its dynamic quantisation of activations), each compiling the int4 IR:
 # w4a8_g<group> for plain decoding, w4a8r_g<group> its row-invariant verify target (route.py says how each runs)
 OWN_FORMATS = ("w4a8", "w4a8r")
