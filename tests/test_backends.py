@@ -649,6 +649,30 @@ def test_a_cached_openvino_ir_cut_short_is_exported_again_with_one_notice(tiny, 
     assert sorted(p.name for p in xml.parent.parent.iterdir()) == [xml.parent.name]  # nothing else left behind
 
 
+@pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed")
+def test_a_read_only_cache_holding_the_ir_is_read_and_one_lacking_it_is_one_line(tiny, tmp_path, monkeypatch):
+    """A cache mounted read-only that already holds the IR serves it (its compiled blobs are then not cached); only
+    an export, which writes, needs a writable cache, and says so in one line naming the folder."""
+    from specbench.execution.openvino import compile as ov_compile
+    from specbench.execution.openvino import export as ov_export
+    from specbench.execution.openvino.attention import ATTENTION
+    from specbench.models import loading
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    xml = ov_export.exported(tiny, "fp", ATTENTION)
+
+    def read_only(folder, what, fix):
+        raise SpecbenchError(f"{what} '{folder}' cannot be written (Read-only file system): {fix}")
+
+    monkeypatch.setattr(loading, "check_writable", read_only)
+    monkeypatch.setattr(ov_export, "check_writable", read_only)
+    assert ov_export.exported(tiny, "fp", ATTENTION) == xml
+    assert ov_compile.compiled(xml) is not None
+    with pytest.raises(SpecbenchError, match=r"^cache folder '.*openvino' cannot be written \(Read-only file "
+                                             r"system\): set SPECBENCH_CACHE to a folder you can write"):
+        ov_export.exported(tiny, "int8", ATTENTION)
+
+
 CTRL_C = """
 import os, signal, sys
 from pathlib import Path

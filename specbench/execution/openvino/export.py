@@ -23,7 +23,8 @@ from transformers import DynamicCache
 
 from specbench.errors import SpecbenchError
 from specbench.execution.openvino.attention import ATTENTION, RECENT_INPUTS, ROW_INVARIANT_ATTENTION, register
-from specbench.models.loading import LoadedModel, cache_dir
+from specbench.files import check_writable
+from specbench.models.loading import LoadedModel, cache_root
 from specbench.models.shape import head_dim
 
 # the IR's inputs in order (recent_attention's window inputs follow them in its layout)
@@ -45,7 +46,8 @@ def ir_folder(loaded: LoadedModel, kind: str, layout: str = "") -> Path:
     identity = f"{loaded.source}:{loaded.model.config.to_json_string()}:{first}:{last}"
     versions = f"{ov.__version__}:{transformers.__version__}" + (f":{layout}" if layout else "")
     key = hashlib.sha1(f"{identity}:{versions}".encode()).hexdigest()[:10]
-    return cache_dir("openvino") / f"{loaded.name}-{key}-{kind}"
+    # not cache_dir(): a read-only cache that already holds the IR is read as it is; writing is checked by save_whole
+    return cache_root() / "openvino" / f"{loaded.name}-{key}-{kind}"
 
 
 def compressed(ir, weights: str):
@@ -127,7 +129,12 @@ def usable(folder: Path) -> bool:
         return True
     print(f"notice: the cached OpenVINO export {folder} is unusable ({why}); exporting it again")
     broken = folder.with_name(f"{folder.name}.broken{os.getpid()}")
-    folder.rename(broken)
+    try:
+        folder.rename(broken)
+    except OSError as exc:
+        raise SpecbenchError(f"the cached OpenVINO export {folder} is unusable ({why}) and cannot be removed "
+                             f"({exc.strerror or exc}): remove it, or set SPECBENCH_CACHE to a folder you can "
+                             f"write") from None
     shutil.rmtree(broken, ignore_errors=True)
     return False
 
@@ -135,6 +142,7 @@ def usable(folder: Path) -> bool:
 def save_whole(folder: Path, save) -> None:
     """`save(tmp)` into a temporary folder beside `folder`, MANIFEST written last, then renamed to `folder`: a reader
     finds a whole export or none, and an export that fails or is interrupted leaves nothing behind."""
+    check_writable(folder.parent, "cache folder", f"set SPECBENCH_CACHE to a folder you can write (it is {cache_root()})")
     tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
