@@ -31,7 +31,7 @@ from specbench.engines.base import Clock, Engine, EngineContext, EngineUnavailab
 from specbench.errors import SpecbenchError
 from specbench.models.distilled_draft import load_distilled_draft
 from specbench.execution.openvino import (compressed, flat_cache, group_problem, interrupt_after, ir_folder,
-                                         save_whole, usable)
+                                         quiet_transformers, save_whole, usable)
 from specbench.models.loading import LoadedModel, with_dtype
 from specbench.models.shape import head_dim
 
@@ -147,7 +147,8 @@ def stateful_ir(model: torch.nn.Module) -> ov.Model:
     example = (torch.ones(1, 3, dtype=torch.long), torch.ones(1, 5, dtype=torch.long), torch.arange(2, 5)[None],
                *[torch.zeros(1, kv_heads, 2, width) for _ in past])
     try:  # the trace's warnings are about code paths of the model it specialises, nothing a user acts on
-        with torch.no_grad(), warnings.catch_warnings(), interrupt_after("conversion of the model"):
+        with torch.no_grad(), warnings.catch_warnings(), quiet_transformers(), \
+                interrupt_after("conversion of the model"):
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
             warnings.filterwarnings("ignore", message=r"`past_key_values` is deprecated", category=FutureWarning)
             # the frontend reads every module attribute, a deprecated property among them

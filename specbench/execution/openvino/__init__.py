@@ -25,8 +25,8 @@ The modules, one concept each:
 
 from specbench.execution.openvino.attention import RECENT_DEPTH, recent_attention, split_attention, window_inputs
 from specbench.execution.openvino.compile import DYNAMIC_GROUP, STATIC_ROWS, quantises_activations
-from specbench.execution.openvino.export import (compressed, flat_cache, interrupt_after, ir_folder, save_whole,
-                                                usable)
+from specbench.execution.openvino.export import (compressed, flat_cache, interrupt_after, ir_folder,
+                                                quiet_transformers, save_whole, usable)
 from specbench.execution.openvino.forward import BITWISE, DIFFERS, ROUNDING, OpenVinoForward
 from specbench.execution.openvino.linear import OpenVinoLinear
 from specbench.execution.openvino.route import claim, with_openvino
@@ -35,5 +35,6 @@ from specbench.execution.openvino.settings import (INSTALL, OWN_FORMATS, check_r
 
 __all__ = ["BITWISE", "DIFFERS", "DYNAMIC_GROUP", "INSTALL", "OWN_FORMATS", "RECENT_DEPTH", "ROUNDING", "STATIC_ROWS",
            "OpenVinoForward", "OpenVinoLinear", "check_run", "claim", "compressed", "flat_cache", "group_error",
-           "group_problem", "interrupt_after", "ir_folder", "quantises_activations", "recent_attention", "save_whole",
-           "split_attention", "unsupported", "usable", "window_inputs", "with_openvino"]
+           "group_problem", "interrupt_after", "ir_folder", "quantises_activations", "quiet_transformers",
+           "recent_attention", "save_whole", "split_attention", "unsupported", "usable", "window_inputs",
+           "with_openvino"]

@@ -142,7 +142,8 @@ def usable(folder: Path) -> bool:
 def save_whole(folder: Path, save) -> None:
     """`save(tmp)` into a temporary folder beside `folder`, MANIFEST written last, then renamed to `folder`: a reader
     finds a whole export or none, and an export that fails or is interrupted leaves nothing behind."""
-    check_writable(folder.parent, "cache folder", f"set SPECBENCH_CACHE to a folder you can write (it is {cache_root()})")
+    check_writable(folder.parent, "cache folder",
+                   f"set SPECBENCH_CACHE to a folder you can write (it is {cache_root()})")
     tmp = folder.with_name(f"{folder.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -154,6 +155,20 @@ def save_whole(folder: Path, save) -> None:
             tmp.rename(folder)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def quiet_transformers():
+    """transformers' logger held at errors while OpenVINO's frontend traces a model: it reads every attribute, and a
+    property such as `loss_function` logs a notice about training settings a user of inference never set."""
+    from transformers.utils import logging as transformers_logging
+
+    level = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        transformers_logging.set_verbosity(level)
 
 
 @contextlib.contextmanager
@@ -198,7 +213,8 @@ def export(model: nn.Module, weights: str, folder: Path, layout: str = ATTENTION
     attention = model.config._attn_implementation
     model.config._attn_implementation = layout
     try:  # the trace's warnings are about code paths of the model it specialises, nothing a user acts on
-        with torch.no_grad(), warnings.catch_warnings(), interrupt_after("conversion of the model"):
+        with torch.no_grad(), warnings.catch_warnings(), quiet_transformers(), \
+                interrupt_after("conversion of the model"):
             warnings.simplefilter("ignore")
             ir = ov.convert_model(_Traced(model), example_input=example)
     except Exception as exc:  # noqa: BLE001  (the frontend raises its own types)

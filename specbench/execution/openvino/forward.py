@@ -24,6 +24,7 @@ from specbench.execution.openvino.attention import RECENT_DEPTH, window_inputs
 from specbench.execution.openvino.export import INPUTS
 from specbench.execution.openvino.settings import ROW_INVARIANT_FORMAT
 from specbench.models.shape import head_dim
+from specbench.execution.row_claims import BITWISE, DIFFERS, ROUNDING  # noqa: F401  (re-exported)
 
 # w4a8r: every call runs at least this many rows, as the CPU plugin quantises a one-row call by another kernel than
 # a call of several rows (experiments/openvino_row_invariant)
@@ -35,10 +36,6 @@ CACHE_STEP = 256
 # a batch of several sequences copies its cache in, padded with masked keys to a multiple of this many tokens, so the
 # dynamic model sees a new context length (and prepares its nodes again) every BATCH_BUCKET tokens, not every call
 BATCH_BUCKET = 32
-# what a route claims of a verify's rows against the same rows computed one at a time (plain decoding), which the
-# machine profile checks on the machine at hand: bitwise, or equal up to float rounding (float activations, whose sums
-# a kernel may block otherwise for another row count), or not at all (activations quantised per call)
-BITWISE, ROUNDING, DIFFERS = "bitwise", "float rounding", "differs"
 PAST = INPUTS.index("past")
 
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 import torch
+
+from specbench.execution.row_claims import BITWISE, DIFFERS, ROUNDING
 from specbench.trees.token_tree import TokenTree
 from specbench.verification import commit_path, new_cache, verify_tree
 
@@ -29,7 +31,6 @@ TREE_PARENTS = (-1, 0, 0, 1, 1, 2, 3, 5)
 # of its one-row forward's; sums of a few thousand terms taken in another order stay well inside it, where an int8
 # rounding of an activation moves a logit by tenths
 ROUNDING_ULPS = 256
-BITWISE, ROUNDING, DIFFERS = "bitwise", "float rounding", "differs"
 
 
 @dataclass(frozen=True)
