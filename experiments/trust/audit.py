@@ -473,6 +473,23 @@ def snapshot(folder: Path) -> dict[str, bytes]:
     return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
 
 
+def read_only_rerun(audit, args: list[str], ro: Path):
+    """(exit code, stderr) of `args` run again on its own cache bind-mounted read-only at `ro` (as root), after a
+    first run filled it; None where the first run failed or the mount is refused."""
+    code, _, err, _ = audit.run(args)
+    if code != 0 or subprocess.run(["mount", "--bind", audit.env["SPECBENCH_CACHE"], str(ro)]).returncode != 0:
+        return None
+    subprocess.run(["mount", "-o", "remount,bind,ro", str(ro)], check=True)
+    env = audit.env
+    audit.env = dict(env, SPECBENCH_CACHE=str(ro))
+    try:
+        code, _, err, _ = audit.run(args)
+    finally:
+        audit.env = env
+        subprocess.run(["umount", str(ro)])
+    return code, err
+
+
 def replay_cases(audit: Audit, data: Path):
     """(case, how it ended, what it lost or got silently wrong, or '')."""
     def python(code: str, *args: str) -> None:
@@ -558,33 +575,18 @@ def replay_cases(audit: Audit, data: Path):
     yield "method=medusa tree=hardware_aware tree.accept_prob=<task=calibrate's file>", audit.verdict(code, err), ""
 
     # 11. a read-only cache that holds everything the run needs (a profiled run, then the same run)
-    code, _, err, _ = audit.run(PROFILE)
     ro = audit.scratch / "ro_cache"
     ro.mkdir()
-    if code == 0 and subprocess.run(["mount", "--bind", audit.env["SPECBENCH_CACHE"], str(ro)]).returncode == 0:
-        subprocess.run(["mount", "-o", "remount,bind,ro", str(ro)], check=True)
-        env = audit.env
-        audit.env = dict(env, SPECBENCH_CACHE=str(ro))
-        code, _, err, _ = audit.run(PROFILE)
-        audit.env = env
-        subprocess.run(["umount", str(ro)])
-        yield "SPECBENCH_CACHE read-only, holding the profile the run needs", audit.verdict(code, err), ""
+    if (got := read_only_rerun(audit, PROFILE, ro)) is not None:
+        yield "SPECBENCH_CACHE read-only, holding the profile the run needs", audit.verdict(*got), ""
 
     # 11, OpenVINO's cache: an IR exported into the cache, then the same run on it read-only
     import importlib.util
 
-    if importlib.util.find_spec("openvino") is not None:
-        openvino = [*RUN, "eval.num_prompts=1", "model.backend=openvino", "model.weights=int8"]
-        code, _, err, _ = audit.run(openvino)
-        if code == 0 and subprocess.run(["mount", "--bind", audit.env["SPECBENCH_CACHE"], str(ro)]).returncode == 0:
-            subprocess.run(["mount", "-o", "remount,bind,ro", str(ro)], check=True)
-            env = audit.env
-            audit.env = dict(env, SPECBENCH_CACHE=str(ro))
-            code, _, err, _ = audit.run(openvino)
-            audit.env = env
-            subprocess.run(["umount", str(ro)])
-            yield ("SPECBENCH_CACHE read-only, holding the OpenVINO IR the run needs (model.backend=openvino)",
-                   audit.verdict(code, err), "")
+    openvino = [*RUN, "eval.num_prompts=1", "model.backend=openvino", "model.weights=int8"]
+    if importlib.util.find_spec("openvino") is not None and (got := read_only_rerun(audit, openvino, ro)) is not None:
+        yield ("SPECBENCH_CACHE read-only, holding the OpenVINO IR the run needs (model.backend=openvino)",
+               audit.verdict(*got), "")
 
     # 12. prompts longer than the context
     rows = [{"question_id": "long", "category": "x", "turns": ["word " * 200]},
