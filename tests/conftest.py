@@ -30,9 +30,9 @@ def tiny():
 
 def compose_cfg(overrides: list[str], run_dir: Path | None = None):
     """The composed run config, as `python run.py OVERRIDES` would see it (outside a Hydra run). A test that names no
-    method runs PLD alone, as the suite's runs always have: the default run's comparison (method=first_look, with the
-    installed engines beside it) is tested by name."""
-    named = any(o.split("=", 1)[0].lstrip("+~") in ("method", "methods") for o in overrides)
+    method runs method=pld's settings (alone, or under the `methods` it lists), as the suite's runs always have: the
+    default run's comparison (method=first_look, with the installed engines beside it) is tested by name."""
+    named = any(o.split("=", 1)[0].lstrip("+~") == "method" for o in overrides)
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         extra = [f"run_dir={run_dir}", "~logger"] if run_dir is not None else []
         return compose(config_name="config", overrides=([] if named else ["method=pld"]) + overrides + extra)
