@@ -503,6 +503,7 @@ def test_openvino_w4a8_is_the_int4_ir_compiled_with_activations_quantised_on_the
     this CPU's plugin quantises no activations (quantises_activations, asked of the plugin) w4a8 computes int4's
     numbers bitwise and claims what int4 claims of a verify's rows (float rounding), else it claims nothing."""
     from specbench.execution import openvino
+    from specbench.execution.row_claims import DIFFERS, ROUNDING
     from specbench.execution.value import Execution
     from specbench.models.loading import cache_dir
 
@@ -518,11 +519,11 @@ def test_openvino_w4a8_is_the_int4_ir_compiled_with_activations_quantised_on_the
     with torch.inference_mode():
         logits = [runs[w].model(input_ids=prompt, past_key_values=DynamicCache()).logits for w in runs]
     assert torch.allclose(logits[0], logits[1], atol=0.1)
-    assert runs["int4_g32"].model.claims == openvino.ROUNDING
+    assert runs["int4_g32"].model.claims == ROUNDING
     if openvino.quantises_activations():
-        assert runs["w4a8_g32"].model.claims == openvino.DIFFERS
+        assert runs["w4a8_g32"].model.claims == DIFFERS
     else:
-        assert runs["w4a8_g32"].model.claims == openvino.ROUNDING and torch.equal(logits[0], logits[1])
+        assert runs["w4a8_g32"].model.claims == ROUNDING and torch.equal(logits[0], logits[1])
 
 
 @pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed")

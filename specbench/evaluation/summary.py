@@ -21,7 +21,7 @@ from specbench.evaluation.plan import Plan
 from specbench.evaluation.quality import with_quality
 from specbench.hardware.measured.machine_profile import mark_stale
 from specbench.hardware.measured.profiler import latency_profile
-from specbench.hardware.measured.row_invariance import DIFFERS
+from specbench.execution.row_claims import DIFFERS
 from specbench.hardware.modelled.llmcad import project_llmcad
 from specbench.hardware.modelled.roofline import roofline_step_time
 from specbench.hardware.modelled.spec import HardwareSpec

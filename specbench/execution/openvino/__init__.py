@@ -27,14 +27,13 @@ from specbench.execution.openvino.attention import RECENT_DEPTH, recent_attentio
 from specbench.execution.openvino.compile import DYNAMIC_GROUP, STATIC_ROWS, quantises_activations
 from specbench.execution.openvino.export import (compressed, flat_cache, interrupt_after, ir_folder,
                                                 quiet_transformers, save_whole, usable)
-from specbench.execution.openvino.forward import BITWISE, DIFFERS, ROUNDING, OpenVinoForward
+from specbench.execution.openvino.forward import OpenVinoForward
 from specbench.execution.openvino.linear import OpenVinoLinear
 from specbench.execution.openvino.route import claim, with_openvino
 from specbench.execution.openvino.settings import (INSTALL, OWN_FORMATS, check_run, group_error, group_problem,
                                                   unsupported)
 
-__all__ = ["BITWISE", "DIFFERS", "DYNAMIC_GROUP", "INSTALL", "OWN_FORMATS", "RECENT_DEPTH", "ROUNDING", "STATIC_ROWS",
-           "OpenVinoForward", "OpenVinoLinear", "check_run", "claim", "compressed", "flat_cache", "group_error",
-           "group_problem", "interrupt_after", "ir_folder", "quantises_activations", "quiet_transformers",
-           "recent_attention", "save_whole", "split_attention", "unsupported", "usable", "window_inputs",
-           "with_openvino"]
+__all__ = ["DYNAMIC_GROUP", "INSTALL", "OWN_FORMATS", "RECENT_DEPTH", "STATIC_ROWS", "OpenVinoForward",
+           "OpenVinoLinear", "check_run", "claim", "compressed", "flat_cache", "group_error", "group_problem",
+           "interrupt_after", "ir_folder", "quantises_activations", "quiet_transformers", "recent_attention",
+           "save_whole", "split_attention", "unsupported", "usable", "window_inputs", "with_openvino"]

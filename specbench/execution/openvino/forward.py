@@ -24,7 +24,7 @@ from specbench.execution.openvino.attention import RECENT_DEPTH, window_inputs
 from specbench.execution.openvino.export import INPUTS
 from specbench.execution.openvino.settings import ROW_INVARIANT_FORMAT
 from specbench.models.shape import head_dim
-from specbench.execution.row_claims import BITWISE, DIFFERS, ROUNDING  # noqa: F401  (re-exported)
+from specbench.execution.row_claims import ROUNDING
 
 # w4a8r: every call runs at least this many rows, as the CPU plugin quantises a one-row call by another kernel than
 # a call of several rows (experiments/openvino_row_invariant)

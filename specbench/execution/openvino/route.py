@@ -13,8 +13,9 @@ from specbench.execution.openvino.attention import ATTENTION, ROW_INVARIANT_ATTE
 from specbench.execution.openvino.compile import (DYNAMIC_GROUP, PROPERTIES, STATIC_ROWS, compiled,
                                                   quantises_activations, row_models)
 from specbench.execution.openvino.export import exported
-from specbench.execution.openvino.forward import BITWISE, DIFFERS, ROUNDING, ROW_INVARIANT_MIN_ROWS, OpenVinoForward
+from specbench.execution.openvino.forward import ROW_INVARIANT_MIN_ROWS, OpenVinoForward
 from specbench.execution.openvino.settings import OWN_FORMATS, group_problem, unsupported
+from specbench.execution.row_claims import BITWISE, DIFFERS, ROUNDING
 from specbench.models.loading import LoadedModel, with_dtype
 
 log = logging.getLogger(__name__)
