@@ -144,7 +144,6 @@ class HybridDrafter(Drafter):
             if source.verifier is not None:
                 raise SpecbenchError(f"method.drafter.drafters.{name} ({type(source).__name__}) verifies with its own "
                                      f"model, not the run's target, which a merged tree cannot: pick another drafter")
-        self.model_source = next((s for s in self.sources.values() if not s.drafts_from_tokens), None)
         self.needs_hidden_states = self.model_source.needs_hidden_states if self.model_source else False
         # shared by the forks a batch makes (__copy__): every sequence's steps teach the same rates
         self.shape = (max(self.budget - 1, 1), ranks, prior, prior_weight, decay)
@@ -212,8 +211,12 @@ class HybridDrafter(Drafter):
             for key, value in vars(source).items():
                 if isinstance(value, TreePolicy):
                     setattr(forked, key, copy.copy(value))
-        fork.model_source = next((s for s in fork.sources.values() if not s.drafts_from_tokens), None)
         return fork
+
+    @property
+    def model_source(self) -> Drafter | None:
+        """The one source that drafts from the target's outputs, if any: whose hooks the hybrid passes on."""
+        return next((s for s in self.sources.values() if not s.drafts_from_tokens), None)
 
     def reset(self, state: DecodeState) -> None:
         self._last = None  # the prefill's token is no step of a tree
