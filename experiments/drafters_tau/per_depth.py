@@ -19,10 +19,9 @@ import pandas as pd
 from hydra import compose, initialize_config_dir
 
 from specbench.config import CONF_DIR, build
-from specbench.data.prompts import encode_conversation
 from specbench.evaluation.methods import build_drafter
 from specbench.evaluation.metrics import decode_tau
-from specbench.evaluation.replay import replay
+from specbench.evaluation.replay import replay_answers
 from specbench.evaluation.run_folder import RECORDS_FILE, read_records
 from specbench.tasks._common import build_model
 
@@ -50,11 +49,10 @@ def accept_lengths(overrides: list[str], dataset: str, budget: int) -> tuple[lis
     drafter = build_drafter(cfg.method.drafter, target, build(cfg.tree))
     prompts = {p.question_id: p for p in build(cfg.dataset, num_prompts=None)}
     lengths, new_tokens = [], 0
-    for record in read_records(HERE / "answers" / dataset / RECORDS_FILE):
-        if record["method"] != "autoregressive" or record["turn"] != 0:
-            continue
-        ids = encode_conversation(target.tokenizer, prompts[record["question_id"]].turns[:1], [], target.chat_template)
-        out = replay(drafter, ids, record["output_ids"], target.max_context)
+    answers = [r for r in read_records(HERE / "answers" / dataset / RECORDS_FILE)
+               if r["method"] == "autoregressive" and r["turn"] == 0]
+    for record, out in replay_answers(drafter, answers, prompts, target.tokenizer, target.chat_template,
+                                      target.max_context):
         lengths += [n - 1 for n in out.accept_lengths]
         new_tokens += len(record["output_ids"])
     return lengths, new_tokens
