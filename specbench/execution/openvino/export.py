@@ -160,7 +160,8 @@ def save_whole(folder: Path, save) -> None:
 @contextlib.contextmanager
 def quiet_transformers():
     """transformers' logger held at errors while OpenVINO's frontend traces a model: it reads every attribute, and a
-    property such as `loss_function` logs a notice about training settings a user of inference never set."""
+    property such as `loss_function` logs a notice about training settings a user of inference never set. By hand:
+    transformers sets its verbosity but offers no context that restores it."""
     from transformers.utils import logging as transformers_logging
 
     level = transformers_logging.get_verbosity()
