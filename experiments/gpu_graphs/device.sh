@@ -8,10 +8,12 @@
 # roofline beside each), the captured per-layer fixed cost, experiment=gpu/graphs (20 MT-Bench first turns x 128
 # tokens: plain decoding captured and eager, SSSD, PLD, EAGLE and Medusa on the captured execution; cut at the
 # budget, the prompt it left half done is finished and the prompts it started are summarised) and goals.py, which prints the goals.
+# DTYPE (default bfloat16) sets the dtype of the profile and the run.
 # Back under $OUT: goals.txt, summary.csv, profile_vs_roofline.csv, device.log and gpu_graphs.tar.gz (both folders).
 set -uo pipefail
 START=$(date +%s)
 BUDGET_S=${BUDGET_S:-240}
+DTYPE=${DTYPE:-bfloat16}   # float32: the lossless check in fp32 (bfloat16 rows round differently per row count)
 STAGE=/tmp/gpu_graphs_stage
 WORK=/tmp/gpu_graphs
 OUT=${OUT:-$WORK/out}
@@ -49,13 +51,13 @@ timeout 90 python3 -m pytest -q -p no:cacheprovider tests/test_graphs.py -k cuda
 
 step "task=profile: L(n) of eager and graphs in bfloat16, beside the roofline"
 timeout 150 python3 run.py task=profile hw=cuda model.path="$WORK/smol.gguf" model.backend=graphs \
-  model.attention=sdpa eval.dtype=bfloat16 eval.profile_weights=[fp] eval.profile_agreement=0 \
+  model.attention=sdpa eval.dtype="$DTYPE" eval.profile_weights=[fp] eval.profile_agreement=0 \
   hydra.run.dir="$WORK/profile"
 
 step "the captured forward's fixed cost per layer (2- and 8-layer tiny Llamas)"
 timeout 60 python3 experiments/gpu_graphs/graph_overhead.py "$WORK/graph_overhead.json"
 
-RUN=(python3 run.py experiment=gpu/graphs model.path="$WORK/smol.gguf" hydra.run.dir="$WORK/run")
+RUN=(python3 run.py experiment=gpu/graphs model.path="$WORK/smol.gguf" eval.dtype="$DTYPE" "eval.plain_executions=[eager/$DTYPE]" hydra.run.dir="$WORK/run")
 EVAL_S=$(( $(left) - 45 ))
 step "experiment=gpu/graphs within ${EVAL_S} s"
 timeout --signal=INT --kill-after=15 "$EVAL_S" "${RUN[@]}"

@@ -57,6 +57,9 @@ def decoding(run: Path) -> None:
 
 def roofline(profile: Path, overhead: Path) -> None:
     frame = pd.read_csv(profile / "profile_vs_roofline.csv")
+    if frame.empty:  # every execution asked for was dominated by a cached one (the profile's log says which)
+        print(f"\n3. roofline: {profile / 'profile_vs_roofline.csv'} has no rows")
+        return
     peaks = json.loads((profile / "machine_profile.json").read_text())["peaks"]
     eager_fixed = peaks["layer_overhead_ms"]
     layers = round(((frame["roofline_ms"] - frame["bound_ms"]) / eager_fixed).median()) if eager_fixed else 0
