@@ -185,7 +185,7 @@ def test_the_machine_profile_times_the_static_path(tiny):
 
 
 def test_a_run_on_the_graphs_backend_decodes_through_plan_and_summary_losslessly(tmp_path, monkeypatch):
-    """python run.py model.backend=graphs as experiment=gpu/graphs runs it (its own plain decoding plain decoding,
+    """python run.py model.backend=graphs as experiment=gpu/graphs runs it (its own plain decoding the reference,
     eager's beside it), on the tiny model with the backend let onto the CPU, where it runs uncaptured: the plan builds
     the target on it, every prompt decodes, the run's L(n) is measured on its static cache, and PLD's tokens are its
     plain decoding's and the eager plain decoding's (fp32)."""
