@@ -29,7 +29,7 @@ resampled together, scipy), pass1_gained / pass1_lost (problems only the method 
 pass1_problems, pass1_any_delta (pass1 of the fastest plain decoding of any weights, `fastest_plain_any`, less the
 method's: the quality the speed of speedup_any gives up, e.g. an int4 model's),
 and pass1_lossless: for a lossless rule at temperature 0, whether every problem's verdict equals its lossless
-reference's (plain decoding, or a Medusa-2 backbone's own plain decoding), the same model verifying both: pass@1 equal
+reference's (the run's plain decoding, or a Medusa-2 backbone's own), the same model verifying both: pass@1 equal
 exactly, not just on average (NaN for lossy rules, sampling, and a tuned backbone's plain decoding against the
 original model's, which promises nothing).
 """
