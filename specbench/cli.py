@@ -19,7 +19,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is fetched from a hub at
 
 def main() -> None:
     """The command: an unknown experiment is one line here, then Hydra composes the run and dispatches it."""
-    error = unknown_experiment(sys.argv[1:])
+    error = unknown_experiment(sys.argv[1:]) or renamed_setting(sys.argv[1:])
     if error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(2)
@@ -48,6 +48,20 @@ def unknown_experiment(args: list[str]) -> str | None:
                     difflib.get_close_matches(name, options, n=1, cutoff=0.5)
                 hint = f" (closest: {' or '.join(close)})" if close else ""
                 return f"experiment={name} is not a saved experiment{hint}; valid: {', '.join(options)}"
+    return None
+
+
+def renamed_setting(args: list[str]) -> str | None:
+    """A setting or method that took plain decoding's one name (specbench/names.py): Hydra would answer its old name
+    with a struct error of several lines; this names the new one."""
+    renamed = {"eval.fastest_ar": "eval.fastest_plain", "eval.baseline": "eval.plain", "method=autoregressive":
+               "method=plain"}
+    for arg in args:
+        key, _, value = arg.lstrip("+~").partition("=")
+        for old in (f"{key}={value}", key):
+            if old in renamed:
+                new = renamed[old] + ("" if "=" in old else f"={value}")
+                return f"{arg} is invalid: plain decoding's settings and method are named plain now; give {new}"
     return None
 
 

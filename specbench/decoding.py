@@ -1,6 +1,6 @@
 """The one decoding loop every method runs through: prefill, then draft -> verify -> accept -> commit -> observe.
 
-Autoregressive decoding is the same loop with a drafter that proposes nothing, so baseline and method timings
+Plain decoding is the same loop with a drafter that proposes nothing, so plain decoding and method timings
 compare like with like (the same model calls, the same cache, the same bookkeeping).
 """
 
@@ -132,7 +132,7 @@ class Decoder:
 
     def _log_probs(self, gen: Generation, logits: torch.Tensor, tokens: list[int]) -> None:
         """Under sampling, record how likely the target found each emitted token: the evaluator's distribution check
-        compares these between baseline and method (row i of logits predicted tokens[i])."""
+        compares these between plain decoding and method (row i of logits predicted tokens[i])."""
         if not self.sampling.greedy:
             probs = self.sampling.probs(logits[: len(tokens)])
             gen.token_logprobs += probs.gather(-1, torch.tensor(tokens)[:, None]).log().flatten().tolist()

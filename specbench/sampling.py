@@ -1,4 +1,4 @@
-"""Sampling parameters shared by the baseline and every method, so both draw from the same target distribution."""
+"""Sampling parameters shared by plain decoding and every method, so both draw from the same target distribution."""
 
 from __future__ import annotations
 

@@ -73,10 +73,10 @@ class EvalSchema:
     batch_size: int = setting(low=1)
     max_new_tokens: int = setting(low=1, high=MAX_NEW_TOKENS)
     dtype: str = setting(choices=[AUTO, *DTYPES])
-    fastest_ar: bool = setting()
+    fastest_plain: bool = setting()
     seed: int = setting(low=0)
     warmup: int = setting(low=0)
-    baseline: bool = setting()
+    plain: bool = setting()
     first_turn_only: bool = setting()
     eager_reference: bool = setting()
     hf_generate: bool = setting()
@@ -265,7 +265,7 @@ def int4_used(cfg: DictConfig) -> bool:
     weights=auto or the fastest plain decoding, or an extra plain decoding."""
     weights = OmegaConf.select(cfg, "model.weights", default="fp")
     profiled = list(OmegaConf.select(cfg, "eval.profile_weights", default=None) or [])
-    fastest = OmegaConf.select(cfg, "eval.fastest_ar", default=False)
+    fastest = OmegaConf.select(cfg, "eval.fastest_plain", default=False)
     plain = [str(t) for t in OmegaConf.select(cfg, "eval.plain_executions", default=None) or []]
     return (weights in GROUPED or ((weights == AUTO or fastest) and any(w in GROUPED for w in profiled))
             or any(w in t for t in plain for w in GROUPED))

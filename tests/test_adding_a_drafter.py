@@ -19,7 +19,7 @@ from specbench.trees.token_tree import TokenTree
 from .conftest import compose_cfg
 
 RUN = ["model=tiny_random", "eval.dtype=float32", "eval.num_prompts=2", "eval.max_new_tokens=12", "eval.warmup=0",
-       "eval.memory_probe=false", "eval.fastest_ar=false", "eval.first_turn_only=true", "~logger"]
+       "eval.memory_probe=false", "eval.fastest_plain=false", "eval.first_turn_only=true", "~logger"]
 
 
 class RepeatDrafter(Drafter):
@@ -53,7 +53,7 @@ def test_a_drafter_defined_outside_the_package_runs_through_the_whole_evaluation
     assert row["mean_tree_size"] == 4.0 and row["tau"] >= 1.0
     assert row["projected_speedup"] > 0  # priced by the roofline with the cost it declared
     records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
-    assert {r["method"] for r in records} == {"autoregressive", "repeat"}
+    assert {r["method"] for r in records} == {"plain", "repeat"}
 
 
 @pytest.mark.slow

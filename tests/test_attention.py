@@ -10,7 +10,7 @@ from transformers import DynamicCache
 
 from specbench.acceptance import ExactAcceptance
 from specbench.decoding import Decoder
-from specbench.drafters.autoregressive import AutoregressiveDrafter
+from specbench.drafters.plain import PlainDrafter
 from specbench.drafters.pld import PromptLookupDrafter
 from specbench.errors import SpecbenchError
 from specbench.hardware.measured import attention as measured
@@ -73,7 +73,7 @@ def test_pld_with_the_switch_mid_answer_decodes_what_plain_decoding_does():
     def decode(drafter):
         return Decoder(target.model, drafter, ExactAcceptance(), SamplingParams(), 40, [],
                        max_context=target.max_context).generate(prompt)
-    plain, pld = decode(AutoregressiveDrafter()), decode(PromptLookupDrafter(target, NativePolicy(11)))
+    plain, pld = decode(PlainDrafter()), decode(PromptLookupDrafter(target, NativePolicy(11)))
     assert pld.tokens == plain.tokens and any(s.tree_size > 1 for s in pld.steps)
 
 

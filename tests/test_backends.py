@@ -12,7 +12,7 @@ from transformers import DynamicCache
 
 from specbench.acceptance import ExactAcceptance
 from specbench.decoding import Decoder
-from specbench.drafters.autoregressive import AutoregressiveDrafter
+from specbench.drafters.plain import PlainDrafter
 from specbench.drafters.pld import PromptLookupDrafter
 from specbench.errors import SpecbenchError
 from specbench.execution.backends import PackedLinear, supported, with_backend
@@ -312,8 +312,8 @@ def test_greedy_speculation_on_the_backend_equals_its_plain_decoding_and_the_eag
     accepted = 0
     for text in texts:
         prompt = tiny.tokenizer(text)["input_ids"]
-        eager = decode(tiny.model, AutoregressiveDrafter(), prompt)
-        plain = decode(fast[backend].model, AutoregressiveDrafter(), prompt)
+        eager = decode(tiny.model, PlainDrafter(), prompt)
+        plain = decode(fast[backend].model, PlainDrafter(), prompt)
         pld = Decoder(fast[backend].model, PromptLookupDrafter(fast[backend], NativePolicy(11)), ExactAcceptance(),
                       SamplingParams(), 32, tiny.eos_token_ids, max_context=tiny.max_context).generate(prompt)
         assert pld.tokens == plain == eager
@@ -326,7 +326,7 @@ def test_compile_reports_its_compile_time_apart(tiny, fast):
     model = fast["compile"].model
     prompt = tiny.tokenizer("hello world")["input_ids"]
     # a step after the (eager) prefill compiles, unless a test before it on this xdist worker did
-    Decoder(model, AutoregressiveDrafter(), ExactAcceptance(), SamplingParams(), 2, tiny.eos_token_ids,
+    Decoder(model, PlainDrafter(), ExactAcceptance(), SamplingParams(), 2, tiny.eos_token_ids,
             max_context=tiny.max_context).generate(prompt)
     stats = model.compile_stats
     assert stats.graphs >= 1 and stats.seconds > 0
@@ -360,7 +360,7 @@ def test_a_draft_sliced_from_the_eager_target_runs_on_the_backend_and_stays_loss
     prompt = tiny.tokenizer("the cat sat on the mat and the cat sat")["input_ids"]
     run = Decoder(fast["prepacked"].model, drafter, ExactAcceptance(), SamplingParams(), 24, tiny.eos_token_ids,
                   max_context=tiny.max_context).generate(prompt)
-    plain = Decoder(tiny.model, AutoregressiveDrafter(), ExactAcceptance(), SamplingParams(), 24, tiny.eos_token_ids,
+    plain = Decoder(tiny.model, PlainDrafter(), ExactAcceptance(), SamplingParams(), 24, tiny.eos_token_ids,
                     max_context=tiny.max_context).generate(prompt)
     assert run.tokens == plain.tokens and any(s.tree_size > 1 for s in run.steps)
 
@@ -370,13 +370,13 @@ def test_a_run_on_a_fast_backend_checks_every_method_against_eager_plain_decodin
     from tests.conftest import compose_cfg
 
     overrides = ["model=tiny_random", "model.backend=prepacked", "eval.dtype=float32", "eval.num_prompts=2",
-                 "eval.max_new_tokens=16", "eval.warmup=0", "eval.memory_probe=false", "eval.fastest_ar=false",
+                 "eval.max_new_tokens=16", "eval.warmup=0", "eval.memory_probe=false", "eval.fastest_plain=false",
                  "eval.first_turn_only=true", "eval.eager_reference=true", "eval.latency_profile=false"]
     summary = eval_task.run(compose_cfg(overrides, tmp_path / "run")).set_index("method")
-    assert list(summary.index) == ["autoregressive", "autoregressive@eager", "pld"]
-    assert summary.loc["autoregressive", "backend"] == "prepacked"
-    assert summary.loc["autoregressive@eager", "backend"] == "eager"
-    assert (summary.loc[["autoregressive", "pld"], "eager_match"] == 1.0).all()
+    assert list(summary.index) == ["plain", "plain@eager", "pld"]
+    assert summary.loc["plain", "backend"] == "prepacked"
+    assert summary.loc["plain@eager", "backend"] == "eager"
+    assert (summary.loc[["plain", "pld"], "eager_match"] == 1.0).all()
 
 
 def test_auto_runs_on_the_profiles_cheapest_verify_and_judges_it_against_the_fastest_plain_decoding(tmp_path,
@@ -400,16 +400,16 @@ def test_auto_runs_on_the_profiles_cheapest_verify_and_judges_it_against_the_fas
                              "tiny_random", peaks, pd.DataFrame(rows))
     profile_path("tiny_random", "cpu").parent.mkdir(parents=True)
     profile_path("tiny_random", "cpu").write_text(profile.to_json())
-    overrides = ["model=tiny_random", "model.backend=auto", "eval.dtype=auto", "eval.fastest_ar=true",
+    overrides = ["model=tiny_random", "model.backend=auto", "eval.dtype=auto", "eval.fastest_plain=true",
                  "eval.profile_backends=[eager,prepacked]", "eval.profile_weights=[fp]", "eval.num_prompts=1", "eval.max_new_tokens=12",
                  "eval.warmup=0", "eval.memory_probe=false", "eval.first_turn_only=true", "tree.budget=8",
                  "eval.profile_context=8"]
     summary = eval_task.run(compose_cfg(overrides, tmp_path / "run")).set_index("method")
-    assert list(summary.index) == ["autoregressive", "autoregressive@eager/bfloat16", "pld"]
+    assert list(summary.index) == ["plain", "plain@eager/bfloat16", "pld"]
     # L(8): 48 vs 90, 130 ms; an 8-token prompt and 12 tokens: bf16 130 + 12 x 25 < prepacked 48 + 12 x 41
     assert tuple(summary.loc["pld", ["backend", "dtype"]]) == ("prepacked", "float32")
-    assert tuple(summary.loc["autoregressive@eager/bfloat16", ["backend", "dtype"]]) == ("eager", "bfloat16")
-    assert summary.loc["pld", "fastest_ar"] in ("autoregressive", "autoregressive@eager/bfloat16")
+    assert tuple(summary.loc["plain@eager/bfloat16", ["backend", "dtype"]]) == ("eager", "bfloat16")
+    assert summary.loc["pld", "fastest_plain"] in ("plain", "plain@eager/bfloat16")
 
 
 @pytest.mark.parametrize("task", ["eval", "profile"])
@@ -443,8 +443,8 @@ def test_a_compiled_quantised_target_decodes_in_two_graphs_and_stays_lossless(ti
     accepted = 0
     for text in ["the cat sat on the mat and the cat sat on the hat", "abc abc abc abd abc", "hello world " * 6]:
         prompt = tiny.tokenizer(text)["input_ids"]
-        eager = decode(quant.model, AutoregressiveDrafter(), prompt).tokens
-        plain = decode(compiled.model, AutoregressiveDrafter(), prompt).tokens
+        eager = decode(quant.model, PlainDrafter(), prompt).tokens
+        plain = decode(compiled.model, PlainDrafter(), prompt).tokens
         pld = decode(compiled.model, PromptLookupDrafter(compiled, NativePolicy(11)), prompt)
         assert pld.tokens == plain == eager
         accepted += sum(s.accepted for s in pld.steps)
@@ -487,13 +487,13 @@ def test_a_run_on_openvino_int4_is_lossless_against_its_own_plain_decoding_besid
 
     overrides = ["model=tiny_random", "model.backend=openvino", "model.weights=int4", "eval.dtype=float32",
                  "eval.num_prompts=3", "eval.max_new_tokens=24", "eval.warmup=0", "eval.memory_probe=false",
-                 "eval.fastest_ar=false", "eval.first_turn_only=true", "eval.latency_profile=false",
+                 "eval.fastest_plain=false", "eval.first_turn_only=true", "eval.latency_profile=false",
                  "eval.plain_executions=[eager/float32]"]
     summary = eval_task.run(compose_cfg(overrides, tmp_path / "run")).set_index("method")
     assert summary.loc["pld", "backend"] == "openvino" and summary.loc["pld", "weights"] == "int4_g32"
-    assert summary.loc["pld", "lossless_reference"] == "autoregressive"
+    assert summary.loc["pld", "lossless_reference"] == "plain"
     assert summary.loc["pld", "lossless_match"] == 1.0 and summary.loc["pld", "tau"] > 1.0
-    assert summary.loc["autoregressive@eager/float32", "backend"] == "eager"
+    assert summary.loc["plain@eager/float32", "backend"] == "eager"
 
 
 @pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed")
@@ -564,7 +564,7 @@ def test_openvino_w4a8r_verifies_a_tree_bitwise_as_its_own_one_token_forwards_an
         prompt = tiny.tokenizer(text)["input_ids"]
         plain, pld = (Decoder(model, drafter, ExactAcceptance(), SamplingParams(), 32, tiny.eos_token_ids,
                               max_context=tiny.max_context).generate(prompt).tokens
-                      for drafter in (AutoregressiveDrafter(), PromptLookupDrafter(run, NativePolicy(8))))
+                      for drafter in (PlainDrafter(), PromptLookupDrafter(run, NativePolicy(8))))
         assert pld == plain
 
 
@@ -736,7 +736,7 @@ def test_eagle_and_medusa_on_openvino_draft_with_its_heads_and_stay_lossless(tin
     medusa = random_medusa_artifact(tmp_path / "medusa", tiny, [[0.6, 0.2], [0.4, 0.2], [0.3, 0.1]])
     prompt = tiny.tokenizer("the cat sat on the mat and the cat sat")["input_ids"]
     target = fast["openvino"].model
-    plain = Decoder(target, AutoregressiveDrafter(), ExactAcceptance(), SamplingParams(), 24, tiny.eos_token_ids,
+    plain = Decoder(target, PlainDrafter(), ExactAcceptance(), SamplingParams(), 24, tiny.eos_token_ids,
                     max_context=tiny.max_context).generate(prompt)
     for method, checkpoint in (("eagle", eagle), ("medusa", medusa)):
         cfg = compose_cfg(["model=tiny_random", f"method={method}", f"method.checkpoint={checkpoint}", "tree=chain",

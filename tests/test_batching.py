@@ -1,5 +1,5 @@
 """Batched speculative decoding: one forward verifies b sequences and each sequence stays lossless (fp32 greedy: its
-tokens equal Decoder's and plain autoregressive decoding's; sampling: equal to the b=1 Decoder with the same seed),
+tokens equal Decoder's and plain decoding's; sampling: equal to the b=1 Decoder with the same seed),
 whatever the method, with prompts of different lengths and sequences stopping at different steps."""
 
 import pytest
@@ -10,7 +10,7 @@ from specbench.acceptance import ExactAcceptance
 from specbench.acceptance.rejection import RejectionSampling
 from specbench.batching import BatchDecoder, fork_drafter, validate_batch_size
 from specbench.decoding import Decoder
-from specbench.drafters.autoregressive import AutoregressiveDrafter
+from specbench.drafters.plain import PlainDrafter
 from specbench.drafters.draft_model import DraftModelDrafter
 from specbench.drafters.medusa import MedusaDrafter
 from specbench.drafters.pld import PromptLookupDrafter
@@ -63,8 +63,8 @@ def decoder(target, drafter, cls=Decoder, acceptance=None, sampling=SamplingPara
 
 
 @pytest.fixture(scope="module")
-def autoregressive(target, prompts):
-    return [decoder(target, AutoregressiveDrafter()).generate(p).tokens for p in prompts]
+def plain(target, prompts):
+    return [decoder(target, PlainDrafter()).generate(p).tokens for p in prompts]
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +101,7 @@ class OraclePPD(PPDDrafter):
 
 
 METHODS = {
-    "autoregressive": lambda t, arts: AutoregressiveDrafter(),
+    "plain": lambda t, arts: PlainDrafter(),
     "pld": lambda t, arts: PromptLookupDrafter(t, NativePolicy(8)),
     "sssd-input": lambda t, arts: SSSDDrafter(t, NativePolicy(12), sources=["input"]),
     "medusa": lambda t, arts: MedusaDrafter(t, GreedyPolicy(10, accept_prob=None), arts["medusa"]),
@@ -112,33 +112,33 @@ METHODS = {
 }
 
 
-def build(method, target, prompts, autoregressive, medusa_artifact, ppd_artifact):
-    continuations = {tuple(p): out for p, out in zip(prompts, autoregressive)}
+def build(method, target, prompts, plain, medusa_artifact, ppd_artifact):
+    continuations = {tuple(p): out for p, out in zip(prompts, plain)}
     return METHODS[method](target, {"medusa": medusa_artifact, "ppd": ppd_artifact, "continuations": continuations})
 
 
 @pytest.mark.parametrize("method", list(METHODS))
-def test_greedy_batch_equals_decoder_and_autoregressive(target, prompts, autoregressive, medusa_artifact,
+def test_greedy_batch_equals_decoder_and_plain_decoding(target, prompts, plain, medusa_artifact,
                                                         ppd_artifact, method):
-    drafter = build(method, target, prompts, autoregressive, medusa_artifact, ppd_artifact)
-    if method != "autoregressive":
-        assert [decoder(target, drafter).generate(p).tokens for p in prompts] == autoregressive
+    drafter = build(method, target, prompts, plain, medusa_artifact, ppd_artifact)
+    if method != "plain":
+        assert [decoder(target, drafter).generate(p).tokens for p in prompts] == plain
     accepted = 0
     for b, ids in BATCHES.items():
         batch = decoder(target, drafter, BatchDecoder).generate_batch([prompts[i] for i in ids])
-        assert [g.tokens for g in batch] == [autoregressive[i] for i in ids], f"b={b}"
+        assert [g.tokens for g in batch] == [plain[i] for i in ids], f"b={b}"
         assert all(len(g.tokens) == MAX_NEW for g in batch)
         accepted += sum(s.accepted for g in batch for s in g.steps)
-    assert (accepted > 0) == (method not in ("autoregressive", "ppd"))  # drafts were really accepted
+    assert (accepted > 0) == (method not in ("plain", "ppd"))  # drafts were really accepted
 
 
 @pytest.mark.parametrize("method", list(METHODS))
-def test_sampling_batch_equals_the_single_decoder_with_the_same_seed(target, prompts, autoregressive,
+def test_sampling_batch_equals_the_single_decoder_with_the_same_seed(target, prompts, plain,
                                                                      medusa_artifact, ppd_artifact, method):
     """Every drafter here drafts deterministically, so each sequence draws the same random numbers as the b=1
     Decoder: the same tokens, and the same target probabilities for them (which a stale or foreign cache entry
     would shift even where greedy tokens survive it)."""
-    drafter = build(method, target, prompts, autoregressive, medusa_artifact, ppd_artifact)
+    drafter = build(method, target, prompts, plain, medusa_artifact, ppd_artifact)
     sampling, rule = SamplingParams(temperature=0.8, top_p=0.95), RejectionSampling()
     single = [decoder(target, drafter, acceptance=rule, sampling=sampling, seed=3).generate(p) for p in prompts]
     assert len({tuple(g.tokens) for g in single}) == len(prompts)
@@ -154,18 +154,18 @@ def test_sampling_batch_equals_the_single_decoder_with_the_same_seed(target, pro
                 (s.tree_size, s.accepted, s.tried_deeper) for s in single[i].steps], f"b={b}"
 
 
-def test_sequences_stop_on_their_own(target, prompts, autoregressive):
+def test_sequences_stop_on_their_own(target, prompts, plain):
     """Sequence 1 hits EOS early while the others go on; the others hit max_new_tokens."""
-    stop = autoregressive[1][3]
+    stop = plain[1][3]
     ids = [0, 1, 3]
-    assert all(stop not in autoregressive[i] for i in (0, 3))
+    assert all(stop not in plain[i] for i in (0, 3))
     drafter = PromptLookupDrafter(target, NativePolicy(8))
     bd = decoder(target, drafter, BatchDecoder, eos=[stop], max_new=MAX_NEW + 5)
     batch = bd.generate_batch([prompts[i] for i in ids])
     single = [decoder(target, drafter, eos=[stop], max_new=MAX_NEW + 5).generate(prompts[i]) for i in ids]
     assert [g.tokens for g in batch] == [g.tokens for g in single]
     early, *rest = batch[1], batch[0], batch[2]
-    assert early.tokens[-1] == stop and len(early.tokens) == autoregressive[1].index(stop) + 1
+    assert early.tokens[-1] == stop and len(early.tokens) == plain[1].index(stop) + 1
     assert all(len(g.tokens) == MAX_NEW + 5 for g in rest)
     assert all(len(early.steps) < len(g.steps) and early.wall_time < g.wall_time for g in rest)
     sizes = [s.batch_size for s in bd.last_run.steps]
@@ -177,7 +177,7 @@ def test_a_sequence_near_the_context_end_stops_cleanly_beside_a_short_one(target
     drafter = PromptLookupDrafter(target, NativePolicy(8))
     batch = decoder(target, drafter, BatchDecoder, max_new=64).generate_batch([long, prompts[1]])
     assert len(long) + len(batch[0].tokens) == target.max_context
-    ar = decoder(target, AutoregressiveDrafter(), max_new=64)
+    ar = decoder(target, PlainDrafter(), max_new=64)
     assert [g.tokens for g in batch] == [ar.generate(long).tokens, ar.generate(prompts[1]).tokens]
 
 
@@ -232,7 +232,7 @@ def test_forks_share_weights_and_keep_their_own_state(target, medusa_artifact):
 
 
 def test_bad_input_is_refused_before_decoding(target, prompts):
-    bd = decoder(target, AutoregressiveDrafter(), BatchDecoder)
+    bd = decoder(target, PlainDrafter(), BatchDecoder)
     with pytest.raises(SpecbenchError, match="the prompt is empty"):
         bd.generate_batch([prompts[0], []])
     with pytest.raises(SpecbenchError, match="more than the model's context"):

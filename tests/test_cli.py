@@ -17,7 +17,7 @@ from .conftest import compose_cfg
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model=tiny_random", "method=pld", "eval.dtype=float32", "eval.max_new_tokens=8", "eval.warmup=0",
-        "eval.latency_profile=false", "eval.fastest_ar=false"]
+        "eval.latency_profile=false", "eval.fastest_plain=false"]
 
 
 def run(args, tmp_path):
@@ -62,6 +62,20 @@ def test_an_unknown_experiment_is_one_line_naming_every_saved_one_and_the_closes
     assert unknown_experiment(["experiment=speed/same_model", "+experiment=null", "method=pld"]) is None
 
 
+@pytest.mark.parametrize(("arg", "new"), [("eval.fastest_ar=false", "eval.fastest_plain=false"),
+                                          ("+eval.baseline=true", "eval.plain=true"),
+                                          ("method=autoregressive", "method=plain")])
+def test_a_setting_named_before_plain_decoding_had_one_name_is_one_line_naming_the_new(arg, new, monkeypatch, capsys):
+    from specbench.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["run.py", "eval.num_prompts=2", arg])
+    with pytest.raises(SystemExit) as exited:
+        main()
+    line = capsys.readouterr().err.strip()
+    assert exited.value.code == 2 and "\n" not in line
+    assert line == f"error: {arg} is invalid: plain decoding's settings and method are named plain now; give {new}"
+
+
 # Refusals whose one line the CLI prints like every other SpecbenchError (that path: test_bad_inputs.py's
 # test_run_py_prints_one_line_and_loads_nothing) are checked in this process, through the same dispatch: a subprocess
 # would spend ~9 s importing torch and transformers to say the same.
@@ -95,9 +109,9 @@ def test_a_prompt_longer_than_the_context_is_skipped_and_counted(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert {r["method"]: (r["skipped_prompts"], r["num_prompts"]) for r in summary} == {
-        "autoregressive": (1, 1), "pld": (1, 1)}
+        "plain": (1, 1), "pld": (1, 1)}
     # the short prompt fits, but not with 60 new tokens: counted, and named with where it is cut
-    assert {r["method"]: r["cut_by_context"] for r in summary} == {"autoregressive": 1, "pld": 1}
+    assert {r["method"]: r["cut_by_context"] for r in summary} == {"plain": 1, "pld": 1}
     assert "1 prompt(s) plus eval.max_new_tokens=60 pass the model's context of 64 tokens" in proc.stdout
     assert "short (turn 1," in proc.stdout
 
@@ -126,7 +140,7 @@ def test_tiny_run_end_to_end(tmp_path):
     run_dir = tmp_path / "run"
     for name in (".hydra/config.yaml", "records.jsonl", "summary.json", "summary.csv", "logs/metrics.csv"):
         assert (run_dir / name).exists(), name
-    assert "pld" in proc.stdout and "autoregressive" in proc.stdout
+    assert "pld" in proc.stdout and "plain" in proc.stdout
     # no library notice about how the project calls it reaches the user's terminal (transformers 5.24 logs one line
     # for the past_key_values= every forward passes)
     noise = [line for line in (proc.stdout + proc.stderr).splitlines() if "deprecated" in line or "Warning" in line]

@@ -5,7 +5,7 @@ from specbench.trees.native import NativePolicy
 from specbench.acceptance import ExactAcceptance
 from specbench.sampling import SamplingParams
 from specbench.decoding import Decoder
-from specbench.drafters.autoregressive import AutoregressiveDrafter
+from specbench.drafters.plain import PlainDrafter
 from specbench.drafters.pld import PromptLookupDrafter
 from specbench.errors import SpecbenchError
 
@@ -22,10 +22,10 @@ def prompts(tiny):
 
 
 @pytest.mark.parametrize("pld, budget", [(dict(), 11), (dict(max_ngram=1), 4), (dict(max_ngram=5), 21)])
-def test_pld_greedy_equals_autoregressive(tiny, pld, budget):
+def test_pld_greedy_equals_plain_decoding(tiny, pld, budget):
     speculated = 0
     for prompt in prompts(tiny):
-        ar = decode(tiny, AutoregressiveDrafter(), prompt)
+        ar = decode(tiny, PlainDrafter(), prompt)
         out = decode(tiny, PromptLookupDrafter(tiny, NativePolicy(budget), **pld), prompt)
         assert out.tokens == ar.tokens
         assert all(s.tree_size == 1 for s in ar.steps) and len(ar.steps) == len(ar.tokens) - 1
@@ -41,25 +41,25 @@ def test_sampling_runs_stay_within_the_budget(tiny):
 
 def test_decoding_stops_at_eos_and_max_new_tokens(tiny):
     prompt = prompts(tiny)[0]
-    ar = decode(tiny, AutoregressiveDrafter(), prompt, max_new=30, eos=[])
+    ar = decode(tiny, PlainDrafter(), prompt, max_new=30, eos=[])
     assert len(ar.tokens) == 30
     stop = ar.tokens[10]
     first = ar.tokens.index(stop)
-    for drafter in (AutoregressiveDrafter(), PromptLookupDrafter(None, NativePolicy(11))):
+    for drafter in (PlainDrafter(), PromptLookupDrafter(None, NativePolicy(11))):
         out = decode(tiny, drafter, prompt, max_new=30, eos=[stop])
         assert out.tokens == ar.tokens[: first + 1]
 
 
 def test_a_prompt_longer_than_the_context_is_refused(tiny):
     with pytest.raises(SpecbenchError, match="more than the model's context"):
-        decode(tiny, AutoregressiveDrafter(), [1] * tiny.max_context)
+        decode(tiny, PlainDrafter(), [1] * tiny.max_context)
 
 
 def test_decoding_near_the_context_end_stops_cleanly(tiny):
     prompt = [5] * (tiny.max_context - 8)
     out = decode(tiny, PromptLookupDrafter(None, NativePolicy(11)), prompt, max_new=64)
     assert len(prompt) + len(out.tokens) <= tiny.max_context
-    ar = decode(tiny, AutoregressiveDrafter(), prompt, max_new=64)
+    ar = decode(tiny, PlainDrafter(), prompt, max_new=64)
     assert out.tokens == ar.tokens
 
 

@@ -11,7 +11,7 @@ import torch
 from specbench.acceptance import ExactAcceptance
 from specbench.sampling import SamplingParams
 from specbench.decoding import Decoder
-from specbench.drafters.autoregressive import AutoregressiveDrafter
+from specbench.drafters.plain import PlainDrafter
 from specbench.drafters.draft_model import DraftModelDrafter
 from specbench.errors import SpecbenchError
 from specbench.tasks.train import train
@@ -63,7 +63,7 @@ def test_the_exported_draft_rebuilds_and_decodes_losslessly(tiny, distilled):
     assert drafter.draft.model.model.layers[0] is not layer  # its own trained copy, loaded from the artifact
     accepted = 0
     for prompt in PROMPTS:
-        want = Decoder(tiny.model, AutoregressiveDrafter(), ExactAcceptance(), SamplingParams(), 24).generate(prompt)
+        want = Decoder(tiny.model, PlainDrafter(), ExactAcceptance(), SamplingParams(), 24).generate(prompt)
         for tree in (ChainPolicy(budget=4), DynamicPolicy(budget=7, top_k=2, depth=3)):
             drafter.tree = tree
             got = Decoder(tiny.model, drafter, ExactAcceptance(), SamplingParams(), 24).generate(prompt)

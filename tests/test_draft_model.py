@@ -1,4 +1,4 @@
-"""The draft-model drafter: fp32 greedy output equals autoregressive decoding, its own KV cache stays exact through
+"""The draft-model drafter: fp32 greedy output equals plain decoding, its own KV cache stays exact through
 many rollbacks, sampling records the true draft distribution, and mismatched drafts are refused clearly."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from specbench.acceptance import ExactAcceptance
 from specbench.sampling import SamplingParams
 from specbench.acceptance.rejection import RejectionSampling
 from specbench.decoding import Decoder
-from specbench.drafters.autoregressive import AutoregressiveDrafter
+from specbench.drafters.plain import PlainDrafter
 from specbench.drafters.base import DecodeState
 from specbench.drafters.draft_model import DraftModelDrafter
 from specbench.errors import SpecbenchError
@@ -64,13 +64,13 @@ TREES = {"chain": ChainPolicy(budget=5), "dynamic": DynamicPolicy(budget=11, top
 
 @pytest.fixture(scope="module")
 def greedy_outputs(target):
-    decoder = Decoder(target.model, AutoregressiveDrafter(), ExactAcceptance(), SamplingParams(), 36)
+    decoder = Decoder(target.model, PlainDrafter(), ExactAcceptance(), SamplingParams(), 36)
     return [decoder.generate(prompt).tokens for prompt in PROMPTS]
 
 
 @pytest.mark.parametrize("shape", list(TREES))
 @pytest.mark.parametrize("draft", ["separate", "early_exit"])
-def test_greedy_output_equals_autoregressive(target, greedy_outputs, shape, draft):
+def test_greedy_output_equals_plain_decoding(target, greedy_outputs, shape, draft):
     kwargs = {"draft_model": noisy_copy(target)} if draft == "separate" else {"early_exit_layers": 1}
     drafter = DraftModelDrafter(target, TREES[shape], **kwargs)
     accepted = []
@@ -123,9 +123,9 @@ def test_greedy_drafting_records_no_distribution(target):
     assert drafter.propose(state).draft_probs is None
 
 
-def test_rejection_with_greedy_sampling_equals_autoregressive(target):
+def test_rejection_with_greedy_sampling_equals_plain_decoding(target):
     drafter = DraftModelDrafter(target, TREES["static"], draft_model=noisy_copy(target))
-    want = Decoder(target.model, AutoregressiveDrafter(), ExactAcceptance(), SamplingParams(), 30).generate(PROMPTS[1])
+    want = Decoder(target.model, PlainDrafter(), ExactAcceptance(), SamplingParams(), 30).generate(PROMPTS[1])
     got = Decoder(target.model, drafter, RejectionSampling(), SamplingParams(), 30).generate(PROMPTS[1])
     assert got.tokens == want.tokens
 

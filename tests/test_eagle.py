@@ -1,4 +1,4 @@
-"""EAGLE: fp32 greedy decoding equals autoregressive decoding under every tree it accepts; every draft row (tree
+"""EAGLE: fp32 greedy decoding equals plain decoding under every tree it accepts; every draft row (tree
 rows, the cache after many rollbacks, the training-time test's unrolled steps) equals drafting its path alone; the
 reduced vocabulary maps back to the right target ids; rejection sampling with EAGLE keeps the target's distribution;
 task=train writes an artifact the drafter loads and decodes losslessly with."""
@@ -19,7 +19,7 @@ from specbench.acceptance.rejection import RejectionSampling
 from specbench.batching import BatchDecoder
 from specbench.decoding import Decoder
 from specbench.drafters.base import DecodeState
-from specbench.drafters.autoregressive import AutoregressiveDrafter
+from specbench.drafters.plain import PlainDrafter
 from specbench.drafters.eagle import LEVEL_ROWS, ROOT_ROWS, EagleDrafter, EagleHead, feature_layers
 from specbench.errors import SpecbenchError
 from specbench.evaluation.methods import build_drafter
@@ -78,7 +78,7 @@ def fitted_artifact(path, target, features: str, steps: int = 60):
     torch.manual_seed(0)
     module = EagleModule(target.model, features=features, export_dtype="float32")
     prompts = torch.randint(0, target.model.config.vocab_size, (8, 6)).tolist()
-    ids = torch.tensor([p + decode(target, AutoregressiveDrafter(), p, n=30).tokens for p in prompts])
+    ids = torch.tensor([p + decode(target, PlainDrafter(), p, n=30).tokens for p in prompts])
     batch = with_features(module, {"input_ids": ids, "attention_mask": torch.ones_like(ids),
                                    "loss_mask": torch.ones_like(ids).bool()})
     opt = torch.optim.Adam(module.head.parameters(), lr=3e-3)
@@ -145,11 +145,11 @@ class Recording(TreePolicy):
 
 @pytest.mark.parametrize("features", ["fused", "last"])
 @pytest.mark.parametrize("shape", list(TREES))
-def test_greedy_output_equals_autoregressive(target, artifacts, shape, features):
+def test_greedy_output_equals_plain_decoding(target, artifacts, shape, features):
     drafter = EagleDrafter(target, TREES[shape], str(artifacts[features]))
     accepted = []
     for prompt in PROMPTS:
-        want = decode(target, AutoregressiveDrafter(), prompt).tokens
+        want = decode(target, PlainDrafter(), prompt).tokens
         got = decode(target, drafter, prompt)
         assert got.tokens == want
         assert max(s.tree_size for s in got.steps) == TREES[shape].budget
@@ -213,7 +213,7 @@ def test_training_time_test_unrolls_as_decoding_drafts(head):
     features, the root x_{t-j+1}, then x_{t-j+2}..x_{t+1} on the drafter's own features (for either head)."""
     target = lively_tiny(seed=3)
     module = EagleModule(target.model, ttt_steps=3, head=head).eval()
-    ids = decode(target, AutoregressiveDrafter(), PROMPTS[1], n=12).tokens
+    ids = decode(target, PlainDrafter(), PROMPTS[1], n=12).tokens
     seq = PROMPTS[1] + ids
     ones = torch.ones(1, len(seq), dtype=torch.bool)
     with torch.no_grad():
@@ -245,7 +245,7 @@ def test_reduced_vocabulary_maps_back_to_the_target_ids(target, tmp_path):
     drafter = EagleDrafter(target, Recording(ChainPolicy(budget=4)), str(eagle_artifact(tmp_path / "v", target,
                                                                                      d2t=d2t)))
     gen = decode(target, drafter, PROMPTS[0], n=20)
-    assert gen.tokens == decode(target, AutoregressiveDrafter(), PROMPTS[0], n=20).tokens
+    assert gen.tokens == decode(target, PlainDrafter(), PROMPTS[0], n=20).tokens
     for path, probs in drafter.tree.probs.items():
         assert set(probs.nonzero().flatten().tolist()) == set(d2t) and probs.sum() == pytest.approx(1.0)
         assert set(path) <= set(d2t)  # drafted tokens are target ids of the draft vocabulary
@@ -335,7 +335,7 @@ def test_train_writes_an_artifact_the_drafter_loads_and_decodes_losslessly(tmp_p
         drafter = EagleDrafter(tiny, tree, summary["artifact"])
         assert drafter.d2t.tolist() == tensors["d2t"].tolist()
         for prompt in PROMPTS:
-            assert decode(tiny, drafter, prompt).tokens == decode(tiny, AutoregressiveDrafter(), prompt).tokens
+            assert decode(tiny, drafter, prompt).tokens == decode(tiny, PlainDrafter(), prompt).tokens
 
 
 @pytest.mark.parametrize("tree", ["dynamic", "chain", "static", "greedy", "hardware_aware"])
@@ -384,7 +384,7 @@ def test_hardware_aware_sizes_the_tree_by_the_target_and_the_drafters_own_cost(t
     blind, _ = best_budget(table, lambda n: 10.0, 24)
     assert blind > want  # without the drafter's cost every level looks free
     for prompt in PROMPTS:
-        assert decode(target, drafter, prompt).tokens == decode(target, AutoregressiveDrafter(), prompt).tokens
+        assert decode(target, drafter, prompt).tokens == decode(target, PlainDrafter(), prompt).tokens
 
 
 @pytest.mark.parametrize("faster", ["eager", "prepacked"])
@@ -401,7 +401,7 @@ def test_under_an_eager_run_the_head_drafts_on_whichever_backend_times_faster(fa
     assert isinstance(drafter.head.lm_head, PackedLinear) == (faster == "prepacked")
     monkeypatch.undo()
     for prompt in PROMPTS:
-        assert decode(target, drafter, prompt).tokens == decode(target, AutoregressiveDrafter(), prompt).tokens
+        assert decode(target, drafter, prompt).tokens == decode(target, PlainDrafter(), prompt).tokens
 
 
 def test_the_head_runs_on_the_runs_backend_and_drafts_as_on_eager(target, artifacts):
@@ -414,7 +414,7 @@ def test_the_head_runs_on_the_runs_backend_and_drafts_as_on_eager(target, artifa
     assert isinstance(eager.head.fc, torch.nn.Linear)
     for prompt in PROMPTS:
         got, want = decode(target, packed, prompt), decode(target, eager, prompt)
-        assert got.tokens == want.tokens == decode(target, AutoregressiveDrafter(), prompt).tokens
+        assert got.tokens == want.tokens == decode(target, PlainDrafter(), prompt).tokens
         assert got.accept_lengths == want.accept_lengths
 
 

@@ -11,21 +11,22 @@ import pytest
 
 from specbench.decoding import Decoder
 from specbench.acceptance.exact import ExactAcceptance
-from specbench.drafters.autoregressive import AutoregressiveDrafter
+from specbench.drafters.plain import PlainDrafter
 from specbench.engines import registry
-from specbench.engines.base import PLAIN, Clock, Engine, EngineContext, EngineUnavailable
+from specbench.engines.base import Clock, Engine, EngineContext, EngineUnavailable
 from specbench.errors import SpecbenchError
 from specbench.evaluation.engines import agreement
 from specbench.models.artifact import save_artifact
 from specbench.models.distilled_draft import shallow_draft, trained_tensors
 from specbench.models.tiny import tiny_random
+from specbench.names import PLAIN
 from specbench.sampling import SamplingParams
 from specbench.tasks import eval as eval_task
 
 from .conftest import compose_cfg
 
 FAST = ["model=tiny_random", "eval.dtype=float32", "eval.num_prompts=2", "eval.max_new_tokens=16", "eval.warmup=0",
-        "eval.memory_probe=false", "eval.fastest_ar=false", "eval.latency_profile=false", "eval.first_turn_only=true"]
+        "eval.memory_probe=false", "eval.fastest_plain=false", "eval.latency_profile=false", "eval.first_turn_only=true"]
 CALLS = {"n": 0}
 VERSION = {"v": "1.0"}
 
@@ -44,7 +45,7 @@ class FakeEngine(Engine):
 
     def generate(self, prompt_ids):
         CALLS["n"] += 1
-        gen = Decoder(self.target.model, AutoregressiveDrafter(), ExactAcceptance(), SamplingParams(),
+        gen = Decoder(self.target.model, PlainDrafter(), ExactAcceptance(), SamplingParams(),
                       self.max_new_tokens, sorted(self.eos)).generate(prompt_ids)
         if self.mode == "lossy":
             gen.tokens[-1] = (gen.tokens[-1] + 1) % 256
@@ -71,10 +72,10 @@ def test_engine_rows_decode_beside_the_methods_and_report_their_agreement(tmp_pa
     first_table = out.split("speedup: ratio of means")[0]
     rows = [line.split() for line in first_table.splitlines() if line.split()[:1] in (["fake"], ["fake:lossy"])]
     assert [row[1] for row in rows] == ["fake/F4", "fake/F4"]  # an engine's execution: the engine and its weights
-    assert list(summary.index) == ["autoregressive", "pld", "fake", "fake:lossy"]
+    assert list(summary.index) == ["plain", "pld", "fake", "fake:lossy"]
     assert summary.loc["fake", "agreement"] == 1.0 and summary.loc["fake", "identical"] == 1.0
     assert 0 < summary.loc["fake:lossy", "agreement"] < 1 and summary.loc["fake:lossy", "identical"] == 0.0
-    assert summary.loc["fake", "agreement_reference"] == "autoregressive"
+    assert summary.loc["fake", "agreement_reference"] == "plain"
     assert summary.loc["fake", "speedup_ci_low"] == summary.loc["fake", "speedup_ci_low"]  # paired CI, not NaN
     assert summary.loc["fake", "engine_version"] == "1.0"
     assert (summary.loc["fake", "weights"], summary.loc["fake", "threads"]) == ("F4", 3)
@@ -88,7 +89,7 @@ def test_engine_rows_decode_beside_the_methods_and_report_their_agreement(tmp_pa
     assert "vs engine (decode)" in first_table and "against the fastest engine's plain decoding (fake)" in out
     records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
     order = [r["method"] for r in records]
-    assert order[:4] == ["autoregressive", "pld", "fake", "fake:lossy"]  # interleaved per prompt
+    assert order[:4] == ["plain", "pld", "fake", "fake:lossy"]  # interleaved per prompt
     row = next(r for r in records if r["method"] == "fake")
     assert (row["backend"], row["engine_version"], row["lossless_rule"]) == ("fake", "1.0", False)
 
@@ -130,7 +131,7 @@ def test_engines_refuse_sampling_and_batches_before_any_model_loads(tmp_path, fa
 
 def test_an_engine_that_cannot_run_here_is_left_out_in_one_line(tmp_path, fake, capsys):
     summary = eval_task.run(compose_cfg([*FAST, "eval.engines=[fake:broken,fake]"], tmp_path))
-    assert list(summary["method"]) == ["autoregressive", "pld", "fake"]
+    assert list(summary["method"]) == ["plain", "pld", "fake"]
     assert "eval.engines entry 'fake:broken' is left out: it died of SIGSEGV in a probe subprocess" in \
         capsys.readouterr().out
 
@@ -180,7 +181,7 @@ def test_llama_cpp_decodes_the_smollm2_gguf_beside_our_plain_decoding(tmp_path):
     # one llama.cpp thread, as each xdist worker has one torch thread: two would wait on the other worker's core
     overrides = ["model=smollm2_135m", "model.backend=eager", "model.attention=sdpa", "eval.dtype=float32",
                  "eval.num_prompts=2", "eval.max_new_tokens=24", "eval.warmup=1", "eval.memory_probe=false",
-                 "eval.fastest_ar=false", "eval.latency_profile=false", "methods=[pld]",
+                 "eval.fastest_plain=false", "eval.latency_profile=false", "methods=[pld]",
                  "eval.engines=[llama_cpp,llama_cpp:prompt_lookup,llama_cpp:draft]", "eval.engine_options.threads=1",
                  "eval.engine_options.llama_cpp.draft_checkpoint=artifacts/draft_smollm2_135m.safetensors"]
     summary = eval_task.run(compose_cfg(overrides, tmp_path)).set_index("method")

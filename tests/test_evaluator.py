@@ -20,7 +20,7 @@ from .conftest import compose_cfg, random_medusa_artifact
 
 FAST = ["model=tiny_random", "eval.dtype=float32", "eval.num_prompts=4", "eval.max_new_tokens=24",
         "eval.profile_sizes=[1,2,4]", "eval.profile_repeats=1", "eval.warmup=0", "eval.memory_probe=false",
-        "eval.fastest_ar=false"]
+        "eval.fastest_plain=false"]
 
 
 def test_eval_writes_the_run_folder_contract(tmp_path):
@@ -28,7 +28,7 @@ def test_eval_writes_the_run_folder_contract(tmp_path):
     summary = eval_task.run(cfg)
     records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
     # MT-Bench has two turns: both are decoded, the second after each method's own first answer
-    assert {(r["method"]) for r in records} == {"autoregressive", "pld"} and len(records) == 16
+    assert {(r["method"]) for r in records} == {"plain", "pld"} and len(records) == 16
     assert {r["turn"] for r in records} == {0, 1}
     for key in ("method", "question_id", "category", "new_tokens", "steps", "wall_time", "prefill_time",
                 "draft_time", "verify_time", "accept_lengths", "output_ids"):
@@ -36,11 +36,11 @@ def test_eval_writes_the_run_folder_contract(tmp_path):
     table = pd.read_csv(tmp_path / "summary.csv")
     for col in ("method", "tau", "tokens_per_s", "decode_tokens_per_s", "speedup", "overhead", "lossless_match",
                 "method_mem_mb", "kv_peak_mb", "speedup_mean_of_ratios", "speedup_geomean", "speedup_ci_low", "speedup_ci_high",
-                "speedup_vs_baseline", "fastest_ar", "skipped_prompts", "cut_by_context", "num_prompts"):
+                "speedup_vs_own_plain", "fastest_plain", "skipped_prompts", "cut_by_context", "num_prompts"):
         assert col in table.columns
     row = summary.set_index("method").loc["pld"]
     assert row["lossless_match"] == 1.0  # fp32, greedy, exact acceptance
-    assert summary.set_index("method").loc["autoregressive", "tau"] == 1.0
+    assert summary.set_index("method").loc["plain", "tau"] == 1.0
     assert row["tau"] >= 1.0
     assert json.loads((tmp_path / "summary.json").read_text())[1]["per_depth_acceptance"] is not None
     assert {p.name for p in (tmp_path / "plots").glob("*.png")} >= {"speed.png", "accept_lengths.png"}
@@ -79,11 +79,11 @@ def test_sampling_runs_report_a_distribution_check_instead_of_token_equality(tmp
     assert row["mean_nll"] > 0 and pd.notna(row["nll_z"])
 
 
-def test_the_baseline_samples_from_the_target_whatever_rule_the_method_uses(tmp_path):
-    """Typical acceptance takes the greedy token at the root; the AR baseline must still sample from the target."""
+def test_plain_decoding_samples_from_the_target_whatever_rule_the_method_uses(tmp_path):
+    """Typical acceptance takes the greedy token at the root; plain decoding must still sample from the target."""
     eval_task.run(compose_cfg([*FAST, "sampling=sample", "accept=typical", "eval.latency_profile=false"], tmp_path))
     sampled = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
-    base = [r for r in sampled if r["method"] == "autoregressive"]
+    base = [r for r in sampled if r["method"] == "plain"]
     assert {r["accept"] for r in base} == {"exact"}
 
 
@@ -93,12 +93,12 @@ def test_many_methods_run_interleaved_in_one_folder_with_their_own_budgets(tmp_p
                  "methods=[pld,{method:pld,label:pld-3,overrides:['tree.budget=3']}]"]
     summary = eval_task.run(compose_cfg(overrides, tmp_path), overrides)
     records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
-    assert [r["method"] for r in records[:3]] == ["autoregressive", "pld", "pld-3"]  # per prompt, back to back
-    assert [r["method"] for r in records[3:6]] == ["pld", "pld-3", "autoregressive"]  # the first place rotates
+    assert [r["method"] for r in records[:3]] == ["plain", "pld", "pld-3"]  # per prompt, back to back
+    assert [r["method"] for r in records[3:6]] == ["pld", "pld-3", "plain"]  # the first place rotates
     assert max(max(r["tree_sizes"]) for r in records if r["method"] == "pld-3") <= 3
     assert max(max(r["tree_sizes"]) for r in records if r["method"] == "pld") > 3
     table = summary.set_index("method")
-    assert list(table.index) == ["autoregressive", "pld", "pld-3"]
+    assert list(table.index) == ["plain", "pld", "pld-3"]
     assert (table["lossless_match"] == 1.0).all()
     for label in ("pld", "pld-3"):  # the paired interval holds the ratio of means it is an interval of
         assert table.loc[label, "speedup_ci_low"] <= table.loc[label, "speedup"] <= table.loc[label, "speedup_ci_high"]
@@ -176,7 +176,7 @@ def test_paired_speedup_and_its_interval_from_hand_made_records():
         return [{"method": method, "question_id": str(i), "turn": 0, "new_tokens": 10, "wall_time": t}
                 for i, t in enumerate(times)]
 
-    base = pd.DataFrame(rows("autoregressive", [1.0, 2.0, 1.0, 4.0]))
+    base = pd.DataFrame(rows("plain", [1.0, 2.0, 1.0, 4.0]))
     grp = pd.DataFrame(rows("m", [0.5, 2.0, 0.5, 2.0]))  # per-prompt speedups 2, 1, 2, 2
     out = paired_speedup(grp, base)
     assert out["speedup"] == pytest.approx((40 / 5.0) / (40 / 8.0)) == pytest.approx(1.6)  # total tokens / total time
@@ -193,7 +193,7 @@ def test_the_headline_is_the_ratio_of_means_even_where_the_mean_of_ratios_revers
                 for i, (n, t) in enumerate(zip(tokens, times))]
 
     tokens = [8, 8, 8, 256]
-    base = pd.DataFrame(rows("autoregressive", tokens, [1.0, 1.0, 1.0, 32.0]))
+    base = pd.DataFrame(rows("plain", tokens, [1.0, 1.0, 1.0, 32.0]))
     grp = pd.DataFrame(rows("m", tokens, [0.5, 0.5, 0.5, 48.0]))
     out = paired_speedup(grp, base)
     assert out["speedup_mean_of_ratios"] > 1.0 > out["speedup"] == pytest.approx(35.0 / 49.5)
@@ -219,8 +219,8 @@ def hand_made_profile(fast_small: str, fast_large: str):
 def test_auto_dtype_picks_the_cheapest_verify_and_names_the_fastest_plain_decoding():
     profile = hand_made_profile(fast_small="bfloat16", fast_large="float32")
     wide = plan("auto", "eager", profile, tree_size=16, context=256)
-    assert wide.dtype == "float32" and wide.fastest_ar == ("eager", "bfloat16", "fp")  # 65 vs 255 ms at n=16; 30 vs 51 at n=1
-    assert "float32" in wide.reason and "bfloat16" in wide.reason and wide.label_of(wide.fastest_ar) == "bfloat16"
+    assert wide.dtype == "float32" and wide.fastest_plain == ("eager", "bfloat16", "fp")  # 65 vs 255 ms at n=16; 30 vs 51 at n=1
+    assert "float32" in wide.reason and "bfloat16" in wide.reason and wide.label_of(wide.fastest_plain) == "bfloat16"
     assert plan("auto", "auto", profile, tree_size=1, context=256).dtype == "bfloat16"
     assert plan("float32", "eager", profile, 16, 256) == ExecutionPlan(
         "eager", "float32", "eager/float32: set by model.backend, eval.dtype and model.weights",
@@ -237,9 +237,9 @@ def test_the_fastest_plain_decoding_is_ranked_by_a_whole_answer_prefill_included
     decoding of that answer, as the headline's tokens/s (prefill included) will measure; a long answer of one-token
     steps is bf16's again."""
     profile = hand_made_profile(fast_small="bfloat16", fast_large="float32")
-    assert plan("float32", "eager", profile, 16, 256).fastest_ar == ("eager", "bfloat16", "fp")  # one token alone
-    assert plan("float32", "eager", profile, 16, 256, answer=(128, 32)).fastest_ar == ("eager", "float32", "fp")
-    assert plan("float32", "eager", profile, 16, 256, answer=(128, 512)).fastest_ar == ("eager", "bfloat16", "fp")
+    assert plan("float32", "eager", profile, 16, 256).fastest_plain == ("eager", "bfloat16", "fp")  # one token alone
+    assert plan("float32", "eager", profile, 16, 256, answer=(128, 32)).fastest_plain == ("eager", "float32", "fp")
+    assert plan("float32", "eager", profile, 16, 256, answer=(128, 512)).fastest_plain == ("eager", "bfloat16", "fp")
 
 
 def test_a_run_also_decodes_plain_ar_in_the_dtype_fastest_for_it_and_reports_speed_against_it(tmp_path, monkeypatch):
@@ -247,18 +247,18 @@ def test_a_run_also_decodes_plain_ar_in_the_dtype_fastest_for_it_and_reports_spe
     path = profile_path("tiny_random", "cpu")
     path.parent.mkdir(parents=True)
     path.write_text(hand_made_profile(fast_small="bfloat16", fast_large="float32").to_json())
-    overrides = [*FAST, "eval.dtype=auto", "eval.fastest_ar=true", "eval.num_prompts=2", "eval.first_turn_only=true",
+    overrides = [*FAST, "eval.dtype=auto", "eval.fastest_plain=true", "eval.num_prompts=2", "eval.first_turn_only=true",
                  "eval.profile_backends=[eager]", "eval.profile_weights=[fp]",
                  "eval.profile_context=8"]  # short prompts: bf16's cheaper one-token step wins the answer
     summary = eval_task.run(compose_cfg(overrides, tmp_path / "run")).set_index("method")
-    assert list(summary.index) == ["autoregressive", "autoregressive@bfloat16", "pld"]
-    assert summary.loc["autoregressive", "dtype"] == "float32" and summary.loc["autoregressive@bfloat16", "dtype"] == "bfloat16"
-    fastest = summary["tokens_per_s"][["autoregressive", "autoregressive@bfloat16"]].idxmax()
-    assert (summary["fastest_ar"] == fastest).all()
+    assert list(summary.index) == ["plain", "plain@bfloat16", "pld"]
+    assert summary.loc["plain", "dtype"] == "float32" and summary.loc["plain@bfloat16", "dtype"] == "bfloat16"
+    fastest = summary["tokens_per_s"][["plain", "plain@bfloat16"]].idxmax()
+    assert (summary["fastest_plain"] == fastest).all()
     assert summary.loc["pld", "speedup"] == pytest.approx(
         summary.loc["pld", "tokens_per_s"] / summary.loc[fastest, "tokens_per_s"])
-    assert summary.loc["pld", "speedup_vs_baseline"] == pytest.approx(
-        summary.loc["pld", "tokens_per_s"] / summary.loc["autoregressive", "tokens_per_s"])
+    assert summary.loc["pld", "speedup_vs_own_plain"] == pytest.approx(
+        summary.loc["pld", "tokens_per_s"] / summary.loc["plain", "tokens_per_s"])
 
 
 def test_hardware_aware_tree_is_sized_from_the_machine_profile(tmp_path, monkeypatch):
@@ -291,22 +291,22 @@ def test_the_headline_is_against_the_same_weights_and_the_fastest_of_any_weights
                  "output_ids": [1], "kv_peak_bytes": 0, "drafter_params": 0, "drafter_bytes": 0, "lossless_rule": True,
                  "temperature": 0.0, "token_logprobs": []} for i, t in enumerate(seconds)]
 
-    records = pd.DataFrame(rows("autoregressive", "fp", [1.0, 1.0]) + rows("autoregressive@int4_g32", "int4_g32",
+    records = pd.DataFrame(rows("plain", "fp", [1.0, 1.0]) + rows("plain@int4_g32", "int4_g32",
                            [0.5, 0.5]) + rows("pld", "fp", [2 / 3, 2 / 3]) + rows("pld-int4", "int4_g32", [0.4, 0.4],
                                                                                   "pld"))
     summary = summarize(records).set_index("method")
-    assert summary.loc["pld", "fastest_ar"] == "autoregressive"
+    assert summary.loc["pld", "fastest_plain"] == "plain"
     assert summary.loc["pld", "speedup"] == pytest.approx(1.5)
-    assert summary.loc["pld", "fastest_ar_any"] == "autoregressive@int4_g32"
+    assert summary.loc["pld", "fastest_plain_any"] == "plain@int4_g32"
     assert summary.loc["pld", "speedup_any"] == pytest.approx(0.75)
-    assert summary.loc["pld-int4", "fastest_ar"] == "autoregressive@int4_g32"
+    assert summary.loc["pld-int4", "fastest_plain"] == "plain@int4_g32"
     assert summary.loc["pld-int4", "speedup"] == pytest.approx(1.25) == summary.loc["pld-int4", "speedup_any"]
     # a plain fp decoding on a faster backend becomes the fp methods' reference, the int4 ones keep theirs
-    faster = pd.concat([records, pd.DataFrame(rows("autoregressive@prepacked", "fp", [0.8, 0.8]))])
+    faster = pd.concat([records, pd.DataFrame(rows("plain@prepacked", "fp", [0.8, 0.8]))])
     summary = summarize(faster).set_index("method")
-    assert summary.loc["pld", "fastest_ar"] == "autoregressive@prepacked"
+    assert summary.loc["pld", "fastest_plain"] == "plain@prepacked"
     assert summary.loc["pld", "speedup"] == pytest.approx(1.2)
-    assert summary.loc["pld-int4", "fastest_ar"] == "autoregressive@int4_g32"
+    assert summary.loc["pld-int4", "fastest_plain"] == "plain@int4_g32"
 
 
 def test_a_run_adds_the_fastest_plain_decoding_of_its_own_weights_beside_the_fastest_of_any():
@@ -318,13 +318,13 @@ def test_a_run_adds_the_fastest_plain_decoding_of_its_own_weights_beside_the_fas
     profile = MachineProfile(machine_info(), "cpu", "tiny_random", hand_made_profile("float32", "float32").peaks,
                              pd.concat(rows, ignore_index=True))
     execution = plan("float32", "eager", profile, 8, 256, "fp", ["fp", "int4_g32"])
-    assert execution.fastest_ar[2] == "int4_g32" and execution.same_weights_ar[:1] == ("prepacked",)
+    assert execution.fastest_plain[2] == "int4_g32" and execution.same_weights_plain[:1] == ("prepacked",)
     from specbench.evaluation.plan import fastest_plain_runs
-    cfg = compose_cfg([*FAST, "eval.fastest_ar=true"], None)
+    cfg = compose_cfg([*FAST, "eval.fastest_plain=true"], None)
     labels = fastest_plain_runs(cfg, execution)
-    assert labels == {"autoregressive@prepacked": execution.same_weights_ar,
-                      "autoregressive@" + "/".join(x for x, own in zip(execution.fastest_ar, execution.own) if x != own):
-                          execution.fastest_ar}
+    assert labels == {"plain@prepacked": execution.same_weights_plain,
+                      "plain@" + "/".join(x for x, own in zip(execution.fastest_plain, execution.own) if x != own):
+                          execution.fastest_plain}
 
 
 def test_auto_never_verifies_on_a_route_whose_rows_the_machine_found_to_differ():
@@ -341,7 +341,7 @@ def test_auto_never_verifies_on_a_route_whose_rows_the_machine_found_to_differ()
     profile = MachineProfile(machine_info(), "cpu", "tiny_random", hand_made_profile("float32", "float32").peaks,
                              pd.concat(rows, ignore_index=True), rows=checks)
     execution = plan("float32", "openvino", profile, 8, 256, "auto", ["int4_g64", "w4a8_g64"])
-    assert execution.weights == "int4_g64" and execution.fastest_ar[2] == "w4a8_g64"
+    assert execution.weights == "int4_g64" and execution.fastest_plain[2] == "w4a8_g64"
     assert "not lossless here, so not chosen: openvino/float32/w4a8_g64" in execution.reason
     assert plan("float32", "openvino", profile, 8, 256, "auto").weights == "int4_g64"  # every measured format
     with pytest.raises(SpecbenchError, match="no lossless verify route among openvino/float32/w4a8_g64 on this "
@@ -380,7 +380,7 @@ def test_tau_and_per_depth_acceptance_from_hand_made_records():
     assert per_depth_acceptance(frame) == [1.0, 0.5]
     legacy = frame.drop(columns=["tried_deeper"])  # by tree depth alone, step 1 counts as a failure at depth 3
     assert per_depth_acceptance(legacy) == [1.0, 0.5, 0.0]
-    summary = summarize(frame.assign(method="autoregressive")).iloc[0]
+    summary = summarize(frame.assign(method="plain")).iloc[0]
     assert summary["tau"] == pytest.approx((4 - 1) / 2)  # emitted decode tokens per step, not the 5 accepted
 
 
@@ -400,7 +400,7 @@ def test_batched_evaluation_stays_lossless_and_reports_throughput(tmp_path):
 def test_transformers_generate_runs_beside_our_plain_decoding_and_matches_it(tmp_path):
     overrides = [*FAST, "eval.hf_generate=true", "eval.num_prompts=2", "eval.first_turn_only=true"]
     summary = eval_task.run(compose_cfg(overrides, tmp_path / "run")).set_index("method")
-    assert list(summary.index) == ["autoregressive", "pld", "hf_generate"]
+    assert list(summary.index) == ["plain", "pld", "hf_generate"]
     assert summary.loc["hf_generate", "identical"] == 1.0  # greedy generate() = our loop with no drafts
     assert summary.loc["hf_generate", "tau"] == pytest.approx(1.0) and summary.loc["hf_generate", "tokens_per_s"] > 0
     with pytest.raises(SpecbenchError, match="eval.hf_generate compares greedy decoding; sampling.temperature=0.7"):
@@ -425,11 +425,11 @@ def test_projected_speedup_includes_the_drafters_own_cost():
                 "output_ids": [1], "kv_peak_bytes": 0, "drafter_params": 0, "drafter_bytes": 0,
                 "lossless_rule": True, "temperature": 0.0, "token_logprobs": []}
 
-    frame = pd.DataFrame([row("autoregressive", [0] * 4, [1] * 4, gained=1), row("draft", [2, 4], [5, 5]),
+    frame = pd.DataFrame([row("plain", [0] * 4, [1] * 4, gained=1), row("draft", [2, 4], [5, 5]),
                           row("medusa", [3, 3], [5, 5]), row("ppd", [2, 2], [5, 5])])
     costs = {"draft": DrafterCost(draft=named_shape("smollm2_135m")), "medusa": DrafterCost(medusa_heads=4)}
     summary = summarize(frame, projected_step=step_s, drafter_costs=costs).set_index("method")
-    assert summary.loc["autoregressive", "projected_speedup"] == pytest.approx(1.0)
+    assert summary.loc["plain", "projected_speedup"] == pytest.approx(1.0)
     assert summary.loc["draft", "projected_speedup"] == pytest.approx(2 * 1 / 35)
     assert summary.loc["medusa", "projected_speedup"] == pytest.approx(2 * 1 / 25)
     assert summary.loc["ppd", "projected_speedup"] == pytest.approx(2 * 1 / 5)
@@ -444,7 +444,7 @@ def test_a_named_backend_outside_the_profiled_ones_is_measured_beside_them(tmp_p
     path = profile_path("tiny_random", "cpu")
     path.parent.mkdir(parents=True)
     path.write_text(hand_made_profile(fast_small="float32", fast_large="float32").to_json())
-    overrides = [*FAST, "model.backend=prepacked", "eval.fastest_ar=true", "eval.profile_backends=[eager]",
+    overrides = [*FAST, "model.backend=prepacked", "eval.fastest_plain=true", "eval.profile_backends=[eager]",
                  "eval.profile_weights=[fp]", "eval.num_prompts=1", "eval.max_new_tokens=8", "eval.first_turn_only=true"]
     summary = eval_task.run(compose_cfg(overrides, tmp_path / "run")).set_index("method")
     assert summary.loc["pld", "backend"] == "prepacked"
@@ -470,15 +470,15 @@ def test_a_run_that_chooses_nothing_profiles_only_its_own_execution(tmp_path, mo
 def test_the_why_line_explains_methods_not_plain_decoding_on_a_slower_execution():
     from specbench.evaluation.summary import _why_slower
 
-    row = {"fastest_ar": "autoregressive@float16", "decode_tokens_per_s": 20.0, "draft_ms_per_step": 0.2}
+    row = {"fastest_plain": "plain@float16", "decode_tokens_per_s": 20.0, "draft_ms_per_step": 0.2}
     summary = pd.DataFrame([
-        {**row, "method": "autoregressive", "speedup": 0.91, "tau": 1.0, "mean_tree_size": 1.0},
-        {**row, "method": "autoregressive@float16", "speedup": 1.0, "tau": 1.0, "mean_tree_size": 1.0,
+        {**row, "method": "plain", "speedup": 0.91, "tau": 1.0, "mean_tree_size": 1.0},
+        {**row, "method": "plain@float16", "speedup": 1.0, "tau": 1.0, "mean_tree_size": 1.0,
          "decode_tokens_per_s": 22.0},
         {**row, "method": "eagle", "speedup": 0.57, "tau": 2.7, "mean_tree_size": 64.0, "decode_tokens_per_s": 12.0,
          "draft_ms_per_step": 144.0}])
     lines = _why_slower(summary)
-    assert len(lines) == 1 and lines[0].startswith("eagle is slower than autoregressive@float16")
+    assert len(lines) == 1 and lines[0].startswith("eagle is slower than plain@float16")
     assert "144.0 ms of drafting" in lines[0]
 
 

@@ -29,7 +29,7 @@ from .test_machine_profile import PEAKS, fake_latency, load
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ["model=tiny_random", "method=pld", "eval.dtype=float32", "eval.num_prompts=2", "eval.max_new_tokens=8",
-       "eval.warmup=0", "eval.memory_probe=false", "eval.fastest_ar=false", "eval.latency_profile=false",
+       "eval.warmup=0", "eval.memory_probe=false", "eval.fastest_plain=false", "eval.latency_profile=false",
        "eval.first_turn_only=true"]
 
 

@@ -9,7 +9,7 @@ from transformers import DynamicCache, LlamaForCausalLM
 
 from specbench.acceptance import ExactAcceptance
 from specbench.decoding import Decoder
-from specbench.drafters.autoregressive import AutoregressiveDrafter
+from specbench.drafters.plain import PlainDrafter
 from specbench.drafters.medusa import MedusaDrafter
 from specbench.drafters.pld import PromptLookupDrafter
 from specbench.drafters.sssd import SSSDDrafter
@@ -151,10 +151,10 @@ def test_greedy_pld_sssd_and_medusa_on_the_static_cache_emit_plain_decodings_tok
     graphs = with_graphs(tiny.model, capture=False, capacity=16)
     heads = random_medusa_artifact(tmp_path / "m.safetensors", tiny, [[0.5, 0.3], [0.3, 0.2], [0.2, 0.1]])
     drafters = [PromptLookupDrafter(tiny, NativePolicy(11)), SSSDDrafter(tiny, NativePolicy(8), sources=["input"]),
-                MedusaDrafter(tiny, GreedyPolicy(8, accept_prob=None), str(heads)), AutoregressiveDrafter()]
+                MedusaDrafter(tiny, GreedyPolicy(8, accept_prob=None), str(heads)), PlainDrafter()]
     accepted = 0
     for prompt in prompts:
-        plain = decode(tiny.model, tiny, AutoregressiveDrafter(), prompt)
+        plain = decode(tiny.model, tiny, PlainDrafter(), prompt)
         for drafter in drafters:
             out = decode(graphs, tiny, drafter, prompt)
             assert out.tokens == plain.tokens, type(drafter).__name__
@@ -185,7 +185,7 @@ def test_the_machine_profile_times_the_static_path(tiny):
 
 
 def test_a_run_on_the_graphs_backend_decodes_through_plan_and_summary_losslessly(tmp_path, monkeypatch):
-    """python run.py model.backend=graphs as experiment=gpu/graphs runs it (its own plain decoding the baseline,
+    """python run.py model.backend=graphs as experiment=gpu/graphs runs it (its own plain decoding the reference,
     eager's beside it), on the tiny model with the backend let onto the CPU, where it runs uncaptured: the plan builds
     the target on it, every prompt decodes, the run's L(n) is measured on its static cache, and PLD's tokens are its
     plain decoding's and the eager plain decoding's (fp32)."""
@@ -196,11 +196,11 @@ def test_a_run_on_the_graphs_backend_decodes_through_plan_and_summary_losslessly
     monkeypatch.setattr(graphs, "unsupported", lambda device: None)
     monkeypatch.setattr(schema, "check_run", lambda backend, device, batch_size: None)
     overrides = ["model=tiny_random", "model.backend=graphs", "eval.dtype=float32", "methods=[pld]",
-                 "eval.plain_executions=[eager/float32]", "eval.fastest_ar=false", "eval.num_prompts=3",
+                 "eval.plain_executions=[eager/float32]", "eval.fastest_plain=false", "eval.num_prompts=3",
                  "eval.max_new_tokens=24", "eval.profile_sizes=[1,2,4]", "eval.profile_repeats=1",
                  "eval.memory_probe=false"]
     summary = eval_task.run(compose_cfg(overrides, tmp_path)).set_index("method")
-    assert summary.loc["autoregressive", "backend"] == summary.loc["pld", "backend"] == "graphs"
+    assert summary.loc["plain", "backend"] == summary.loc["pld", "backend"] == "graphs"
     assert (summary["backend"] == "eager").sum() == 1 and (summary["num_prompts"] == 3).all()
     assert (summary["lossless_match"] == 1.0).all()
     profile = pd.read_csv(tmp_path / "latency_profile.csv")
@@ -248,6 +248,6 @@ def test_greedy_pld_on_captured_graphs_emits_plain_decodings_tokens_on_cuda(tiny
     gpu.load_state_dict(model.state_dict())
     graphs = with_graphs(gpu)
     prompt = tiny.tokenizer("the cat sat on the mat and the cat sat on the hat")["input_ids"]
-    plain = decode(graphs, tiny, AutoregressiveDrafter(), prompt)
+    plain = decode(graphs, tiny, PlainDrafter(), prompt)
     out = decode(graphs, tiny, PromptLookupDrafter(tiny, NativePolicy(11)), prompt)
     assert out.tokens == plain.tokens and sum(s.accepted for s in out.steps) > 0

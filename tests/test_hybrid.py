@@ -9,7 +9,7 @@ from specbench.acceptance.rejection import RejectionSampling
 from specbench.batching import BatchDecoder
 from specbench.data.datastore import Datastore
 from specbench.decoding import Decoder
-from specbench.drafters.autoregressive import AutoregressiveDrafter
+from specbench.drafters.plain import PlainDrafter
 from specbench.drafters.base import DecodeState, Drafter
 from specbench.drafters.hybrid import AcceptanceRates, HybridDrafter, TokenHybridDrafter, Union
 from specbench.errors import SpecbenchError
@@ -39,7 +39,7 @@ def prompts(tiny):
 @pytest.fixture(scope="module")
 def store(tiny, prompts, tmp_path_factory):
     """A datastore of the tiny model's own continuations of the first two prompts: SSSD's drafts match there."""
-    docs = [p + decode(tiny, AutoregressiveDrafter(), p).tokens for p in prompts[:2]]
+    docs = [p + decode(tiny, PlainDrafter(), p).tokens for p in prompts[:2]]
     path = tmp_path_factory.mktemp("ds") / "tiny.npz"
     Datastore.build(docs, tiny.tokenizer, tiny.name).save(path)
     return str(path)
@@ -131,7 +131,7 @@ def test_greedy_output_equals_plain_decoding(tiny, prompts, store, cls, second, 
     hybrid = cls(tiny, NativePolicy(budget), {"sssd": sssd(store), "other": second})
     accepted = 0
     for prompt in prompts:
-        want = decode(tiny, AutoregressiveDrafter(), prompt).tokens
+        want = decode(tiny, PlainDrafter(), prompt).tokens
         got = decode(tiny, hybrid, prompt)
         assert got.tokens == want
         assert max(s.tree_size for s in got.steps) <= budget
@@ -149,7 +149,7 @@ def test_a_replay_of_the_plain_answers_takes_the_decodings_steps(tiny, prompts, 
     decoding, replaying = hybrid(), hybrid()
     for prompt in prompts:
         got = decode(tiny, decoding, prompt)
-        answer = decode(tiny, AutoregressiveDrafter(), prompt).tokens
+        answer = decode(tiny, PlainDrafter(), prompt).tokens
         replayed = replay(replaying, prompt, answer).accept_lengths
         # the last step: the decoder counts what it accepted, the replay what the answer's end kept
         assert replayed[:-1] == got.accept_lengths[:-1] and len(replayed) == len(got.accept_lengths)
@@ -160,7 +160,7 @@ def test_batched_decoding_forks_the_sources_and_equals_the_single_decoder(tiny, 
     hybrid = TokenHybridDrafter(tiny, NativePolicy(4), {"sssd": sssd(store), "suffix": SUFFIX})
     batch = BatchDecoder(tiny.model, hybrid, ExactAcceptance(), SamplingParams(), 24).generate_batch(prompts[:2])
     for prompt, got in zip(prompts[:2], batch):
-        assert got.tokens == decode(tiny, AutoregressiveDrafter(), prompt, max_new=24).tokens
+        assert got.tokens == decode(tiny, PlainDrafter(), prompt, max_new=24).tokens
     assert hybrid.rates.offered.sum() > 0  # the forks' steps teach the rates they share
 
 
@@ -177,7 +177,7 @@ def lossless_with_eagle(artifact_of) -> HybridDrafter:
     target = lively_tiny()
     hybrid = HybridDrafter(target, NativePolicy(6), {"pld": PLD, "eagle": eagle_entry(artifact_of(target))})
     for prompt in PROMPTS:
-        want = decode(target, AutoregressiveDrafter(), prompt, max_new=36).tokens
+        want = decode(target, PlainDrafter(), prompt, max_new=36).tokens
         assert decode(target, hybrid, prompt, max_new=36).tokens == want
     return hybrid
 
@@ -322,7 +322,7 @@ def test_a_run_of_the_hybrid_is_replayed_step_for_step(store, tmp_path):
     from .conftest import compose_cfg
 
     run = ["model=tiny_random", "eval.dtype=float32", "eval.num_prompts=3", "eval.max_new_tokens=40",
-           "eval.memory_probe=true", "eval.fastest_ar=false", "eval.latency_profile=false", f"datastore.path={store}"]
+           "eval.memory_probe=true", "eval.fastest_plain=false", "eval.latency_profile=false", f"datastore.path={store}"]
     summary = eval_task.run(compose_cfg([*run, "method=hybrid"], tmp_path / "run"))
     replayed = dispatch(compose_cfg(["task=replay", "model=tiny_random", "method=hybrid", f"datastore.path={store}",
                                      f"replay.run={tmp_path / 'run'}"], tmp_path / "replay"))

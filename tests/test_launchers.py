@@ -17,7 +17,7 @@ from .conftest import CONF
 ROOT = Path(__file__).resolve().parents[1]
 # two jobs of a few seconds each: the launcher is what is tested, not the decoding
 SWEEP = ["model=tiny_random", "method=pld", "tree.budget=4,8", "eval.num_prompts=2", "eval.max_new_tokens=8",
-         "eval.fastest_ar=false", "eval.memory_probe=false", "eval.latency_profile=false", "eval.warmup=0",
+         "eval.fastest_plain=false", "eval.memory_probe=false", "eval.latency_profile=false", "eval.warmup=0",
          "eval.dtype=float32", "eval.first_turn_only=true"]
 LAUNCHERS = {"basic": "BasicLauncher", "joblib": "JoblibLauncher", "submitit_slurm": "SlurmLauncher",
              "ray": "RayLauncher"}
@@ -63,7 +63,7 @@ def assert_one_row_set_per_job(sweep_dir: Path) -> None:
     table = pd.read_csv(sweep_dir / "sweep_summary.csv")
     assert sorted(table["job"].unique()) == jobs
     for job, rows in table.groupby("job"):
-        assert sorted(rows["method"]) == ["autoregressive", "pld"]  # one row per method, nothing doubled
+        assert sorted(rows["method"]) == ["plain", "pld"]  # one row per method, nothing doubled
     assert sorted(table["tree.budget"].unique()) == [4, 8]
     assert [p for p in sweep_dir.glob("sweep*.png") if p.stat().st_size > 0]  # the sweep plots
 

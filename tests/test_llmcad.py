@@ -1,4 +1,4 @@
-"""LLMCad (issue 12): fp32 greedy output equals autoregressive decoding with drafts accepted, the tree keeps the
+"""LLMCad (issue 12): fp32 greedy output equals plain decoding with drafts accepted, the tree keeps the
 branching threshold, the children cap and the budget, the pacer and the trigger follow the paper, alpha follows a
 worked example, bad input ends in one clear line, and the memory-budget projection reads a summary row."""
 
@@ -14,7 +14,7 @@ from hydra.utils import instantiate
 from specbench.acceptance import ExactAcceptance
 from specbench.config import build
 from specbench.decoding import Decoder
-from specbench.drafters.autoregressive import AutoregressiveDrafter
+from specbench.drafters.plain import PlainDrafter
 from specbench.drafters.draft_model import DraftModelDrafter
 from specbench.drafters.llmcad import LLMCadDrafter
 from specbench.errors import SpecbenchError
@@ -151,13 +151,13 @@ def target():
 
 @pytest.fixture(scope="module")
 def greedy_outputs(target):
-    decoder = Decoder(target.model, AutoregressiveDrafter(), ExactAcceptance(), SamplingParams(), 36)
+    decoder = Decoder(target.model, PlainDrafter(), ExactAcceptance(), SamplingParams(), 36)
     return [decoder.generate(prompt).tokens for prompt in PROMPTS]
 
 
 @pytest.mark.parametrize("method, threshold, rule", [("llmcad", 0.3, "eq3"), ("llmcad", 0.1, "prose"),
                                                      ("draft_model", 0.3, "eq3")])
-def test_fp32_greedy_output_equals_autoregressive_and_drafts_are_accepted(target, greedy_outputs, method, threshold,
+def test_fp32_greedy_output_equals_plain_decoding_and_drafts_are_accepted(target, greedy_outputs, method, threshold,
                                                                           rule):
     cls = LLMCadDrafter if method == "llmcad" else DraftModelDrafter
     policy = LLMCadPolicy(budget=8, branch_threshold=threshold, alpha_rule=rule)
@@ -184,7 +184,7 @@ def test_the_config_builds_llmcad_with_an_early_exit_draft(tiny, tmp_path):
     drafter = build_drafter(cfg.method.drafter, tiny, instantiate(cfg.tree))
     assert isinstance(drafter, LLMCadDrafter) and drafter.draft.name.endswith("[:1]")
     prompt = [3, 17, 42, 8, 8, 30, 1]
-    want = Decoder(tiny.model, AutoregressiveDrafter(), ExactAcceptance(), SamplingParams(), 24).generate(prompt)
+    want = Decoder(tiny.model, PlainDrafter(), ExactAcceptance(), SamplingParams(), 24).generate(prompt)
     got = Decoder(tiny.model, drafter, ExactAcceptance(), SamplingParams(), 24).generate(prompt)
     assert got.tokens == want.tokens and sum(s.accepted for s in got.steps) > 0
 
@@ -259,7 +259,7 @@ def test_projection_of_a_summary_row_under_a_memory_budget(tmp_path):
     assert got["projected_streaming_ms_per_token"] == pytest.approx(want[2])
     assert got["projected_overlap_ms_per_token"] == pytest.approx(want[3]) and want[3] <= want[2] < want[1]
     assert got["projected_target_calls_per_token"] == pytest.approx(0.4) and got["projected_memory_gb"] == 4
-    plain = project({"tau": 1.0, "mean_tree_size": 1.0}, jetson, target, draft)  # the autoregressive row
+    plain = project({"tau": 1.0, "mean_tree_size": 1.0}, jetson, target, draft)  # the plain row
     assert plain["projected_overlap_ms_per_token"] == plain["projected_ar_streaming_ms_per_token"]
     assert plain["projected_overlap_speedup"] == 1.0
     small = named_shape("smollm2_135m")  # fits in the budget: nothing streams, nothing to report

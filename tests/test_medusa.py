@@ -1,4 +1,4 @@
-"""Medusa heads: greedy exact acceptance reproduces autoregressive decoding token for token (fp32), the heads read
+"""Medusa heads: greedy exact acceptance reproduces plain decoding token for token (fp32), the heads read
 the verify forward's hidden states, untied heads start as the LM head, and Medusa-2 follows the paper's recipe and
 decodes with its own tuned backbone, losslessly against that backbone's plain decoding."""
 
@@ -9,7 +9,7 @@ from specbench.acceptance.exact import ExactAcceptance
 from specbench.config import build
 from specbench.sampling import SamplingParams
 from specbench.decoding import Decoder
-from specbench.drafters.autoregressive import AutoregressiveDrafter
+from specbench.drafters.plain import PlainDrafter
 from specbench.drafters.medusa import MedusaDrafter
 from specbench.errors import SpecbenchError
 from specbench.models import tiny_random
@@ -38,10 +38,10 @@ def decode(tiny, drafter, prompt, n=40):
 
 
 @pytest.mark.parametrize("budget", [4, 12])
-def test_medusa_greedy_output_equals_autoregressive(tiny, heads_artifact, budget):
+def test_medusa_greedy_output_equals_plain_decoding(tiny, heads_artifact, budget):
     drafter = MedusaDrafter(tiny, GreedyPolicy(budget, accept_prob=None), str(heads_artifact))
     for prompt in PROMPTS:
-        ar = decode(tiny, AutoregressiveDrafter(), prompt)
+        ar = decode(tiny, PlainDrafter(), prompt)
         gen = decode(tiny, drafter, prompt)
         assert gen.tokens == ar.tokens
         assert max(s.tree_size for s in gen.steps) == budget
@@ -51,7 +51,7 @@ def test_medusa_heads_predict_from_the_last_accepted_node(tiny, heads_artifact):
     """Exact drafts: heads whose guesses are the AR continuation get every draft accepted (tau = heads + 1)."""
     drafter = MedusaDrafter(tiny, StaticPolicy(choices=[[0], [0, 0], [0, 0, 0]]), str(heads_artifact))
     prompt = PROMPTS[0]
-    ar = decode(tiny, AutoregressiveDrafter(), prompt, n=30).tokens
+    ar = decode(tiny, PlainDrafter(), prompt, n=30).tokens
     positions = {}
 
     def oracle(hidden, lm_head):  # look the true continuation up by the hidden state's identity
@@ -106,7 +106,7 @@ def test_tied_and_untied_artifacts_load_and_decode_losslessly(tmp_path, tiny, ti
     drafter = MedusaDrafter(tiny, GreedyPolicy(8, accept_prob=None), summary["artifact"])
     assert (drafter.heads.proj is None) == tie and drafter.backbone is None
     for prompt in PROMPTS[:2]:
-        assert decode(tiny, drafter, prompt).tokens == decode(tiny, AutoregressiveDrafter(), prompt).tokens
+        assert decode(tiny, drafter, prompt).tokens == decode(tiny, PlainDrafter(), prompt).tokens
 
 
 @pytest.mark.parametrize(("step", "want"), [(0, 0.0), (49, 0.0), (50, 0.0), (75, 0.01 * 2**-0.5), (100, 0.01),
@@ -154,10 +154,10 @@ def test_medusa2_decodes_with_its_tuned_backbone_losslessly(tiny, medusa2_artifa
     assert tuned is not None and tuned.name.startswith(f"{tiny.name}+medusa2:") and tuned.model is not tiny.model
     differs = 0
     for prompt in PROMPTS:
-        reference = Decoder(tuned.model, AutoregressiveDrafter(), ExactAcceptance(), SamplingParams(), 40).generate(prompt)
+        reference = Decoder(tuned.model, PlainDrafter(), ExactAcceptance(), SamplingParams(), 40).generate(prompt)
         gen = Decoder(tuned.model, drafter, ExactAcceptance(), SamplingParams(), 40).generate(prompt)
         assert gen.tokens == reference.tokens
-        differs += reference.tokens != decode(tiny, AutoregressiveDrafter(), prompt).tokens
+        differs += reference.tokens != decode(tiny, PlainDrafter(), prompt).tokens
     assert differs >= 2
 
 
@@ -167,15 +167,15 @@ def test_the_evaluator_checks_medusa2_against_its_own_backbone(tmp_path, medusa2
     """On a fast backend too: the adapter is merged into a copy of the eager target, which then runs on the backend."""
     cfg = compose_cfg(["model=tiny_random", f"model.backend={backend}", "eval.dtype=float32", "eval.num_prompts=3", "eval.max_new_tokens=24",
                        "eval.first_turn_only=true", "eval.warmup=0", "eval.memory_probe=false",
-                       "eval.fastest_ar=false", "eval.latency_profile=false", "method=medusa",
+                       "eval.fastest_plain=false", "eval.latency_profile=false", "method=medusa",
                        f"method.checkpoint={medusa2_artifact}", "tree.budget=8"], tmp_path)
     summary = eval_task.run(cfg).set_index("method")
-    assert summary.loc["medusa", "lossless_reference"] == "autoregressive@medusa"
+    assert summary.loc["medusa", "lossless_reference"] == "plain@medusa"
     assert summary.loc["medusa", "lossless_match"] == 1.0
     assert summary.loc["medusa", "model"].startswith("tiny_random+medusa2:")
     assert summary.loc["medusa", "backend"] == backend
-    assert summary.loc["autoregressive@medusa", "lossless_match"] < 1.0  # the tuned backbone's agreement with the original
-    assert summary.loc["autoregressive", "lossless_reference"] == "autoregressive"
+    assert summary.loc["plain@medusa", "lossless_match"] < 1.0  # the tuned backbone's agreement with the original
+    assert summary.loc["plain", "lossless_reference"] == "plain"
 
 
 def test_medusa2_trains_with_the_adapter_inside_the_artifact(tmp_path, tiny):

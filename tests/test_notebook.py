@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow  # multi-process / notebook kernel: seconds each (
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "analysis.ipynb"
 TINY = ["model=tiny_random", "eval.num_prompts=2", "eval.max_new_tokens=8", "eval.warmup=0",
-        "eval.latency_profile=false", "eval.fastest_ar=false", "eval.memory_probe=false", "eval.first_turn_only=true"]
+        "eval.latency_profile=false", "eval.fastest_plain=false", "eval.memory_probe=false", "eval.first_turn_only=true"]
 
 
 @pytest.mark.slow

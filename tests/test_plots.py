@@ -18,7 +18,7 @@ CATEGORIES = ["writing", "roleplay", "reasoning", "math", "coding", "extraction"
 def twelve_methods(seed=0):
     """Records, summary, settings and latency profile of a run with plain decoding and 12 methods."""
     rng = np.random.default_rng(seed)
-    entries = [("autoregressive", "autoregressive", None)] + [
+    entries = [("plain", "plain", None)] + [
         (f"{m}-{b}" if len(bs) > 1 else m, m, b) for m, bs in FAMILIES.items() for b in bs]
     records, rows = [], []
     for label, name, budget in entries:
@@ -73,11 +73,11 @@ def test_the_budget_comes_from_the_run_folders_settings(run, tmp_path):
     (tmp_path / "settings.json").write_text(json.dumps(settings))
     assert "speed_vs_budget" in {p.stem for p in plots.save_plots(records, summary, tmp_path / "plots")}
     # a run whose methods each ran at one budget gets no plot against the budget
-    one = summary[summary["method"].isin(["autoregressive", "pld", "medusa-8", "ppd-16"])]
+    one = summary[summary["method"].isin(["plain", "pld", "medusa-8", "ppd-16"])]
     assert "speed_vs_budget" not in {p.stem for p in plots.save_plots(records, one, tmp_path / "one", None, settings)}
     table = plots.with_budgets(summary, settings).set_index("method")
     assert table.loc["medusa-16", "tree_budget"] == 16 and table.loc["medusa-16", "method_name"] == "medusa"
-    assert np.isnan(table.loc["autoregressive", "tree_budget"])
+    assert np.isnan(table.loc["plain", "tree_budget"])
 
 
 def test_every_figure_has_a_title_axis_units_and_the_caption(run):
@@ -101,7 +101,7 @@ def test_every_figure_has_a_title_axis_units_and_the_caption(run):
 
 def test_all_twelve_methods_are_labelled_and_told_apart(run):
     records, summary, settings, _ = run
-    methods = [m for m in summary["method"] if m != "autoregressive"]
+    methods = [m for m in summary["method"] if m != "plain"]
     assert len(methods) == 12
     for fig in (plots.speed_figure(summary), plots.category_figure(records, summary),
                 plots.per_depth_figure(summary), plots.memory_figure(plots.with_budgets(summary, settings)),
@@ -116,11 +116,11 @@ def test_all_twelve_methods_are_labelled_and_told_apart(run):
 
 
 def test_per_category_bars_are_the_ratio_of_tokens_per_second(tmp_path):
-    rows = [("autoregressive", "math", 10, 1.0), ("pld", "math", 10, 0.5), ("autoregressive", "coding", 10, 1.0),
+    rows = [("plain", "math", 10, 1.0), ("pld", "math", 10, 0.5), ("plain", "coding", 10, 1.0),
             ("pld", "coding", 30, 1.0)]
     records = pd.DataFrame([{"method": m, "category": c, "new_tokens": n, "wall_time": t, "steps": n,
                              "question_id": "q", "turn": 0} for m, c, n, t in rows])
-    summary = pd.DataFrame({"method": ["autoregressive", "pld"], "num_prompts": 2, **PROV})
+    summary = pd.DataFrame({"method": ["plain", "pld"], "num_prompts": 2, **PROV})
     fig = plots.category_figure(records, summary)
     widths = {ax.get_title().split(" (")[0]: ax.patches[0].get_width() for ax in fig.axes if ax.get_visible()}
     assert widths == pytest.approx({"math": 2.0, "coding": 3.0})
@@ -140,22 +140,22 @@ def test_a_sweep_plots_each_method_and_dataset_against_the_swept_budget(tmp_path
     fig = plots.budget_figure(table.assign(**{"tree.budget": pd.to_numeric(table["tree.budget"]),
                                               "method_name": table["method"]}), "tree.budget", "method")
     legend = {t.get_text() for t in fig.axes[1].get_legend().get_texts()}
-    assert len(legend) == 12 and "autoregressive" not in legend  # plain decoding is the line at 1, not a method
+    assert len(legend) == 12 and "plain" not in legend  # plain decoding is the line at 1, not a method
     assert sorted(fig.axes[0].get_xticks()) == [4, 8, 16]
     plots.plt.close(fig)
 
 
 def test_the_speedup_axis_names_the_fastest_plain_decodings_weights():
     """A quantised target is an execution of its own: 'compile/bfloat16' alone would name the float model."""
-    table = pd.DataFrame({"method": ["autoregressive", "pld"], "fastest_ar": ["autoregressive"] * 2,
+    table = pd.DataFrame({"method": ["plain", "pld"], "fastest_plain": ["plain"] * 2,
                           "backend": ["compile"] * 2, "dtype": ["bfloat16"] * 2, "weights": ["int4_g32"] * 2,
                           "speedup": [1.0, 0.9], "tau": [1.0, 1.3]})
-    assert plots._fastest(table) == "autoregressive, compile/bfloat16/int4_g32"
-    assert plots._fastest(table.assign(weights="fp")) == "autoregressive, compile/bfloat16"
-    assert plots._fastest(table.drop(columns="weights")) == "autoregressive, compile/bfloat16"  # older summaries
-    named = table.assign(method=["autoregressive@openvino/float32/w4a8_g64", "pld"],
-                         fastest_ar=["autoregressive@openvino/float32/w4a8_g64"] * 2)
-    assert plots._fastest(named) == "autoregressive@openvino/float32/w4a8_g64"  # its label names it once
+    assert plots._fastest(table) == "plain, compile/bfloat16/int4_g32"
+    assert plots._fastest(table.assign(weights="fp")) == "plain, compile/bfloat16"
+    assert plots._fastest(table.drop(columns="weights")) == "plain, compile/bfloat16"  # older summaries
+    named = table.assign(method=["plain@openvino/float32/w4a8_g64", "pld"],
+                         fastest_plain=["plain@openvino/float32/w4a8_g64"] * 2)
+    assert plots._fastest(named) == "plain@openvino/float32/w4a8_g64"  # its label names it once
 
 
 def test_the_caption_names_no_dtype_an_engine_row_does_not_have():

@@ -1,5 +1,5 @@
 """PPD: prompt-token chains ride in the verify forward without changing the committed output (fp32 greedy equals
-autoregressive decoding), they see exactly what training showed them, and the dynamic sparse tree fits its budget."""
+plain decoding), they see exactly what training showed them, and the dynamic sparse tree fits its budget."""
 
 import pytest
 import torch
@@ -8,7 +8,7 @@ from transformers import DynamicCache
 from specbench.acceptance.exact import ExactAcceptance
 from specbench.sampling import SamplingParams
 from specbench.decoding import Decoder
-from specbench.drafters.autoregressive import AutoregressiveDrafter
+from specbench.drafters.plain import PlainDrafter
 from specbench.trees.native import NativePolicy
 from specbench.drafters.ppd import PPDDrafter, PromptTokens
 from specbench.drafters.ppd_tree import dynamic_sparse_tree, hardware_aware_budget
@@ -34,10 +34,10 @@ def prompt_artifact(request, tmp_path_factory, tiny):
 
 
 @pytest.mark.parametrize("budget", [12, 24])
-def test_ppd_greedy_output_equals_autoregressive(tiny, prompt_artifact, budget):
+def test_ppd_greedy_output_equals_plain_decoding(tiny, prompt_artifact, budget):
     drafter = PPDDrafter(tiny, NativePolicy(budget), str(prompt_artifact))
     for prompt in PROMPTS:
-        ar = Decoder(tiny.model, AutoregressiveDrafter(), ExactAcceptance(), SamplingParams(), 40).generate(prompt)
+        ar = Decoder(tiny.model, PlainDrafter(), ExactAcceptance(), SamplingParams(), 40).generate(prompt)
         gen = Decoder(tiny.model, drafter, ExactAcceptance(), SamplingParams(), 40).generate(prompt)
         assert gen.tokens == ar.tokens
         # every row of the forward is counted; the prefill carried prompt tokens, so the first step already
@@ -70,7 +70,7 @@ def test_no_room_for_prompt_tokens_at_prefill_falls_back_to_the_root(tiny, promp
     drafter = PPDDrafter(tiny, NativePolicy(12), str(prompt_artifact))
     prompt = PROMPTS[2]
     context = len(prompt) + drafter.m * drafter.n_e  # the prompt fits, its prompt-token rows do not
-    ar = Decoder(tiny.model, AutoregressiveDrafter(), ExactAcceptance(), SamplingParams(), 40,
+    ar = Decoder(tiny.model, PlainDrafter(), ExactAcceptance(), SamplingParams(), 40,
                  max_context=context).generate(prompt)
     gen = Decoder(tiny.model, drafter, ExactAcceptance(), SamplingParams(), 40, max_context=context).generate(prompt)
     assert gen.tokens == ar.tokens
@@ -144,6 +144,6 @@ def test_tree_hardware_aware_sizes_ppd_from_its_artifact(tiny, prompt_artifact):
     assert steep.budget < flat.budget <= 24
     assert all(s.rows(flat.n_e) <= flat.budget for s in flat.states.values())
     prompt = PROMPTS[0]
-    ar = Decoder(tiny.model, AutoregressiveDrafter(), ExactAcceptance(), SamplingParams(), 30).generate(prompt)
+    ar = Decoder(tiny.model, PlainDrafter(), ExactAcceptance(), SamplingParams(), 30).generate(prompt)
     gen = Decoder(tiny.model, flat, ExactAcceptance(), SamplingParams(), 30).generate(prompt)
     assert gen.tokens == ar.tokens and max(s.tree_size for s in gen.steps) <= flat.budget

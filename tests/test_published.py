@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 
 from specbench.acceptance import ExactAcceptance
 from specbench.decoding import Decoder
-from specbench.drafters.autoregressive import AutoregressiveDrafter
+from specbench.drafters.plain import PlainDrafter
 from specbench.drafters.eagle import EagleDrafter
 from specbench.drafters.medusa import MedusaDrafter
 from specbench.drafters.ppd import PPDDrafter
@@ -70,7 +70,7 @@ def first_proposal(drafter, target, prompt=PROMPT):
 
 def assert_lossless(target, drafter, prompts=(PROMPT, [60, 2, 2, 9, 33, 47])):
     for prompt in prompts:
-        want = Decoder(target.model, AutoregressiveDrafter(), ExactAcceptance(), SamplingParams(), 30).generate(prompt)
+        want = Decoder(target.model, PlainDrafter(), ExactAcceptance(), SamplingParams(), 30).generate(prompt)
         got = Decoder(target.model, drafter, ExactAcceptance(), SamplingParams(), 30).generate(prompt)
         assert got.tokens == want.tokens
 

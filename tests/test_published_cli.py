@@ -20,7 +20,7 @@ from .test_published import eagle1_state, eagle3_folder, eagle_config, medusa_fo
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ["model=tiny_random", "eval.dtype=float32", "eval.num_prompts=2", "eval.max_new_tokens=8", "eval.warmup=0",
-       "eval.memory_probe=false", "eval.fastest_ar=false", "eval.latency_profile=false", "eval.first_turn_only=true"]
+       "eval.memory_probe=false", "eval.fastest_plain=false", "eval.latency_profile=false", "eval.first_turn_only=true"]
 ACCURACY = "[[0.6,0.2,0.1],[0.4,0.2,0.1],[0.3,0.1,0.1]]"  # a published checkpoint carries none: the run gives them
 
 

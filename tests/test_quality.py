@@ -145,11 +145,11 @@ def test_pass1_its_exact_interval_and_the_paired_interval_against_greedy():
     greedy = rng.random(100) < 0.4
     worse = greedy.copy()
     worse[np.flatnonzero(greedy)[:25]] = False  # loses 25 problems greedy solves, gains none
-    table = pass_at_1(executed({"autoregressive": greedy, "typical": worse, "pld": greedy}),
-                      hand_records({"autoregressive": True, "typical": False, "pld": True}, 100)).set_index("method")
+    table = pass_at_1(executed({"plain": greedy, "typical": worse, "pld": greedy}),
+                      hand_records({"plain": True, "typical": False, "pld": True}, 100)).set_index("method")
     k = int(greedy.sum())
     low, high = stats.binomtest(k, 100).proportion_ci(0.95, method="exact")
-    assert table.loc["autoregressive", ["pass1", "pass1_ci_low", "pass1_ci_high"]].tolist() == \
+    assert table.loc["plain", ["pass1", "pass1_ci_low", "pass1_ci_high"]].tolist() == \
         pytest.approx([k / 100, low, high])
     row = table.loc["typical"]
     assert row["pass1_delta"] == pytest.approx(-0.25) and (row["pass1_lost"], row["pass1_gained"]) == (25, 0)
@@ -162,8 +162,8 @@ def test_pass1_its_exact_interval_and_the_paired_interval_against_greedy():
 def test_no_pass_still_has_an_interval_and_a_noisy_difference_straddles_zero():
     greedy, other = np.zeros(164, bool), np.zeros(164, bool)
     greedy[[3, 20, 40, 77]] = other[[3, 50, 60, 90]] = True  # one problem shared, three gained, three lost
-    table = pass_at_1(executed({"autoregressive": greedy, "zero": np.zeros(164, bool), "other": other}),
-                      hand_records({"autoregressive": True, "zero": False, "other": False}, 164)).set_index("method")
+    table = pass_at_1(executed({"plain": greedy, "zero": np.zeros(164, bool), "other": other}),
+                      hand_records({"plain": True, "zero": False, "other": False}, 164)).set_index("method")
     assert table.loc["zero", "pass1"] == 0 and table.loc["zero", "pass1_ci_low"] == 0
     assert 0.015 < table.loc["zero", "pass1_ci_high"] < 0.03  # 0/164: the exact bound, not a collapsed bootstrap
     row = table.loc["other"]
@@ -173,31 +173,31 @@ def test_no_pass_still_has_an_interval_and_a_noisy_difference_straddles_zero():
 
 def test_a_lossless_method_that_passes_other_problems_is_flagged_against_its_own_reference():
     greedy = [True, False, True, False]
-    table = pass_at_1(executed({"autoregressive": greedy, "pld": [True, False, False, True],
-                                "autoregressive@m2": [False, False, True, True], "m2": [False, False, True, True]},
-                               {"pld": ["a", "b", "x", "y"], "autoregressive": ["a", "b", "c", "d"]}),
-                      hand_records({"autoregressive": True, "pld": True, "autoregressive@m2": True, "m2": True}, 4,
-                                   {"m2": "autoregressive@m2"},
-                                   {"autoregressive@m2": "target+m2", "m2": "target+m2"})).set_index("method")
-    assert table.loc["pld", "pass1"] == table.loc["autoregressive", "pass1"]  # equal means, yet other problems:
+    table = pass_at_1(executed({"plain": greedy, "pld": [True, False, False, True],
+                                "plain@m2": [False, False, True, True], "m2": [False, False, True, True]},
+                               {"pld": ["a", "b", "x", "y"], "plain": ["a", "b", "c", "d"]}),
+                      hand_records({"plain": True, "pld": True, "plain@m2": True, "m2": True}, 4,
+                                   {"m2": "plain@m2"},
+                                   {"plain@m2": "target+m2", "m2": "target+m2"})).set_index("method")
+    assert table.loc["pld", "pass1"] == table.loc["plain", "pass1"]  # equal means, yet other problems:
     assert table.loc["pld", "pass1_lossless"] == False  # noqa: E712
     assert table.loc["pld", "pass1_changed"] == 0.5
     assert table.loc["m2", "pass1_lossless"] == True  # noqa: E712  (its reference: its own backbone's decoding)
     # the tuned backbone's plain decoding drifted from the original model's, which it never promised not to
-    assert math.isnan(table.loc["autoregressive@m2", "pass1_lossless"])
+    assert math.isnan(table.loc["plain@m2", "pass1_lossless"])
 
 
 def test_plain_decoding_in_another_dtype_is_not_held_to_greedys_problems():
     """The fastest plain decoding may run in bf16 beside an fp32 run: a different numeric target, whose answers may
     differ (bf16 rounding moves argmaxes), so it is not flagged as a lossless method gone wrong; in the same dtype on
     another backend it is held to greedy's problems."""
-    runs = {"autoregressive": [True, False, True], "autoregressive@eager/bfloat16": [False, False, True],
-            "autoregressive@eager": [True, False, False]}
+    runs = {"plain": [True, False, True], "plain@eager/bfloat16": [False, False, True],
+            "plain@eager": [True, False, False]}
     records = hand_records(dict.fromkeys(runs, True), 3)
-    records["dtype"] = np.where(records["method"] == "autoregressive@eager/bfloat16", "bfloat16", "float32")
+    records["dtype"] = np.where(records["method"] == "plain@eager/bfloat16", "bfloat16", "float32")
     table = pass_at_1(executed(runs), records).set_index("method")
-    assert math.isnan(table.loc["autoregressive@eager/bfloat16", "pass1_lossless"])
-    assert table.loc["autoregressive@eager", "pass1_lossless"] == False  # noqa: E712
+    assert math.isnan(table.loc["plain@eager/bfloat16", "pass1_lossless"])
+    assert table.loc["plain@eager", "pass1_lossless"] == False  # noqa: E712
 
 
 def test_typical_with_its_own_temperature_is_lossy_under_greedy_sampling():
@@ -227,7 +227,7 @@ def test_bad_quality_settings_are_one_line_before_anything_loads(overrides, mess
 def test_an_eval_run_executes_every_answer_and_puts_pass1_beside_the_speedup(tmp_path, capsys):
     overrides = ["model=tiny_random", "dataset=humaneval", "eval.quality=humaneval_pass1", "eval.dtype=float32",
                  "eval.num_prompts=3", "eval.max_new_tokens=12", "eval.warmup=0", "eval.memory_probe=false",
-                 "eval.fastest_ar=false", "eval.latency_profile=false",
+                 "eval.fastest_plain=false", "eval.latency_profile=false",
                  "methods=[pld,{method:pld,label:pld-typical,overrides:['accept=typical','accept.temperature=1.0']}]"]
     summary = eval_task.run(compose_cfg(overrides, tmp_path), overrides).set_index("method")
     for col in quality.COLUMNS:
@@ -237,21 +237,21 @@ def test_an_eval_run_executes_every_answer_and_puts_pass1_beside_the_speedup(tmp
     assert (summary["pass1"] == 0).all() and (summary["pass1_problems"] == 3).all()
     assert summary.loc["pld", "pass1_lossless"] == True  # noqa: E712
     assert math.isnan(summary.loc["pld-typical", "pass1_lossless"])  # lossy: no promise to check
-    assert summary.loc["autoregressive", "skipped_prompts"] == 1
+    assert summary.loc["plain", "skipped_prompts"] == 1
     # the programs executed: one per problem answered and distinct program (lossless methods repeat greedy's)
     assert 2 <= len((tmp_path / EXECUTION_FILE).read_text().splitlines()) <= 6
     assert "pass1" in pd.read_csv(tmp_path / "summary.csv").columns
     assert (tmp_path / "plots" / "quality_frontier.png").exists()
-    assert "pass1_delta against autoregressive" in capsys.readouterr().out
+    assert "pass1_delta against plain" in capsys.readouterr().out
 
 
 def test_the_frontier_plot_reads(tmp_path):
     summary = pd.DataFrame({
-        "method": ["autoregressive", "typical-e0.09", "typical-e0.3", "pld"], "speedup": [1.0, 1.3, 1.5, 1.1],
+        "method": ["plain", "typical-e0.09", "typical-e0.3", "pld"], "speedup": [1.0, 1.3, 1.5, 1.1],
         "speedup_ci_low": [1.0, 1.2, 1.4, 1.0], "speedup_ci_high": [1.0, 1.4, 1.6, 1.2],
         "pass1": [0.10, 0.08, 0.05, 0.10], "pass1_ci_low": [0.06, 0.04, 0.02, 0.06],
         "pass1_ci_high": [0.16, 0.13, 0.1, 0.16], "lossless_rule": [True, False, False, True],
-        "fastest_ar": "autoregressive", "model": "smollm2_135m", "hw": "cpu", "backend": "prepacked",
+        "fastest_plain": "plain", "model": "smollm2_135m", "hw": "cpu", "backend": "prepacked",
         "dtype": "bfloat16", "dataset": "humaneval", "num_prompts": 164, "cpu_capability": "AVX512"})
     fig = quality_figure(summary)
     ax = fig.axes[0]

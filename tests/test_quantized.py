@@ -8,7 +8,7 @@ from transformers import DynamicCache
 
 from specbench.acceptance import ExactAcceptance
 from specbench.decoding import Decoder
-from specbench.drafters.autoregressive import AutoregressiveDrafter
+from specbench.drafters.plain import PlainDrafter
 from specbench.drafters.pld import PromptLookupDrafter
 from specbench.errors import SpecbenchError
 from specbench.execution.linears import FusedPart, fuse_projections
@@ -203,7 +203,7 @@ def test_greedy_pld_on_the_quantised_target_equals_its_own_plain_decoding(tiny, 
     accepted = 0
     for text in TEXTS:
         prompt = tiny.tokenizer(text)["input_ids"]
-        plain = _decode(quant.model, AutoregressiveDrafter(), tiny, prompt)
+        plain = _decode(quant.model, PlainDrafter(), tiny, prompt)
         pld = _decode(quant.model, PromptLookupDrafter(quant, NativePolicy(11)), tiny, prompt)
         assert pld.tokens == plain.tokens
         accepted += sum(s.accepted for s in pld.steps)
@@ -231,8 +231,8 @@ def test_fused_projections_change_no_logit(tiny, weights, group_size, dtype):
         assert torch.equal(a, b)
     for text in TEXTS:
         prompt = tiny.tokenizer(text)["input_ids"]
-        assert _decode(fused, AutoregressiveDrafter(), tiny, prompt).tokens == \
-            _decode(apart, AutoregressiveDrafter(), tiny, prompt).tokens
+        assert _decode(fused, PlainDrafter(), tiny, prompt).tokens == \
+            _decode(apart, PlainDrafter(), tiny, prompt).tokens
 
 
 def test_a_fused_part_recomputes_for_another_input_or_one_changed_in_place(tiny):
@@ -318,16 +318,16 @@ def test_auto_runs_the_quantised_target_the_profile_finds_cheapest_and_judges_it
     profile_path("tiny_random", "cpu").parent.mkdir(parents=True)
     profile_path("tiny_random", "cpu").write_text(profile.to_json())
     overrides = ["model=tiny_random", "model.backend=eager", "eval.dtype=float32", "model.weights=auto",
-                 "eval.fastest_ar=true", "eval.profile_backends=[eager]", "eval.profile_weights=[fp,int8,int4]",
+                 "eval.fastest_plain=true", "eval.profile_backends=[eager]", "eval.profile_weights=[fp,int8,int4]",
                  "eval.plain_executions=[eager/float32]", "eval.num_prompts=2", "eval.max_new_tokens=16",
                  "eval.profile_context=8",  # short prompts: int4's cheaper one-token step wins the answer
                  "eval.warmup=0", "eval.memory_probe=false", "eval.first_turn_only=true"]
     summary = eval_task.run(compose_cfg(overrides, tmp_path / "run")).set_index("method")
-    assert list(summary.index) == ["autoregressive", "autoregressive@int4_g32", "autoregressive@eager/float32",
+    assert list(summary.index) == ["plain", "plain@int4_g32", "plain@eager/float32",
                                    "pld"]
-    assert summary.loc["pld", "weights"] == "int8" and summary.loc["autoregressive", "weights"] == "int8"
-    assert summary.loc["autoregressive@int4_g32", "weights"] == "int4_g32"
-    assert summary.loc["autoregressive@eager/float32", "weights"] == "fp"
-    assert summary.loc["pld", "fastest_ar"] in ("autoregressive", "autoregressive@int4_g32",
-                                                "autoregressive@eager/float32")  # the fastest measured here
+    assert summary.loc["pld", "weights"] == "int8" and summary.loc["plain", "weights"] == "int8"
+    assert summary.loc["plain@int4_g32", "weights"] == "int4_g32"
+    assert summary.loc["plain@eager/float32", "weights"] == "fp"
+    assert summary.loc["pld", "fastest_plain"] in ("plain", "plain@int4_g32",
+                                                "plain@eager/float32")  # the fastest measured here
     assert summary.loc["pld", "lossless_match"] == 1.0  # against int8's own plain decoding

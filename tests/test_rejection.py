@@ -1,7 +1,7 @@
-"""Rejection sampling is lossless: its first sampled tokens follow the target's autoregressive distribution exactly.
+"""Rejection sampling is lossless: its first sampled tokens follow the target's plain distribution exactly.
 
 A tiny random target and a noisy copy of it as draft, both over an 8-token vocabulary. The exact distribution of the
-first three tokens under autoregressive sampling is enumerated from the target's logits. Speculative samples use the
+first three tokens under plain sampling is enumerated from the target's logits. Speculative samples use the
 real tree policies, child sampling and acceptance rule; the target and draft distributions of every context they can
 reach are precomputed in one batched forward, so thousands of samples take seconds. The test statistic is the total
 variation distance between the empirical and the exact distribution; its bound follows from the sample count N:
@@ -102,7 +102,7 @@ def speculative_samples(target_table, draft_table, policy, rule, stochastic: boo
 
 
 def exact_distribution(target_table) -> torch.Tensor:
-    """P(first TOKENS tokens) under autoregressive sampling, flattened over VOCAB**TOKENS sequences."""
+    """P(first TOKENS tokens) under plain sampling, flattened over VOCAB**TOKENS sequences."""
     probs = torch.empty(VOCAB ** TOKENS)
     for idx, seq in enumerate(itertools.product(range(VOCAB), repeat=TOKENS)):
         probs[idx] = math.prod(float(SAMPLING.probs(target_table[seq[:j]])[seq[j]]) for j in range(TOKENS))
@@ -137,7 +137,7 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_rejection_matches_autoregressive_distribution(tables, case):
+def test_rejection_matches_plain_decoding_distribution(tables, case):
     target_table, draft_table = tables
     policy, stochastic = CASES[case]
     samples = speculative_samples(target_table, draft_table, policy, RejectionSampling(), stochastic, SAMPLES)
@@ -147,7 +147,7 @@ def test_rejection_matches_autoregressive_distribution(tables, case):
 
 @pytest.mark.parametrize("backend", ["prepacked", "compile"])
 @pytest.mark.slow
-def test_rejection_matches_autoregressive_distribution_on_the_fast_backends(backend):
+def test_rejection_matches_plain_decoding_distribution_on_the_fast_backends(backend):
     """The same test with both tables computed by the target and draft run on a fast execution backend."""
     target = lively_tiny(0)
     draft = noisy_copy(target, noise=1.5)

@@ -14,7 +14,7 @@ from .conftest import compose_cfg
 # the warm-up generation and the memory probe on (the defaults): they decode the first prompt untimed, which suffix
 # decoding's global tree must not learn from; and both turns, each prompt encoded after the method's own answer
 RUN = ["model=tiny_random", "eval.dtype=float32", "eval.num_prompts=3", "eval.max_new_tokens=40",
-       "eval.first_turn_only=false", "eval.fastest_ar=false", "eval.latency_profile=false"]
+       "eval.first_turn_only=false", "eval.fastest_plain=false", "eval.latency_profile=false"]
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +84,7 @@ def test_what_cannot_be_replayed_is_one_line(run, tmp_path):
     with pytest.raises(SpecbenchError, match="method=eagle drafts from the target's outputs"):
         replayed(folder, tmp_path, "method=eagle")
     with pytest.raises(SpecbenchError, match=r"replay.reference=nobody has no answers .*; its methods: "
-                                             r"autoregressive, pld, suffix"):
+                                             r"plain, pld, suffix"):
         replayed(folder, tmp_path, "method=pld", "replay.reference=nobody")
     with pytest.raises(SpecbenchError, match="task=replay needs replay.run="):
         dispatch(compose_cfg(["task=replay", "model=tiny_random", "method=pld"], tmp_path / "replay"))

@@ -132,13 +132,13 @@ def test_a_run_on_a_route_whose_rows_differ_says_so_and_still_measures_losslessn
     path.parent.mkdir(parents=True)
     path.write_text(profile.to_json())
     overrides = [*FAST, "eval.dtype=float32", "model.backend=eager", "eval.num_prompts=2", "eval.first_turn_only=true",
-                 "eval.profile_backends=[eager]", "eval.profile_weights=[fp]", "eval.fastest_ar=true"]
+                 "eval.profile_backends=[eager]", "eval.profile_weights=[fp]", "eval.fastest_plain=true"]
     summary = eval_task.run(compose_cfg(overrides, tmp_path / "run")).set_index("method")
     out = capsys.readouterr().out
     assert "eager/float32: rows differ from their one-row forwards by up to 0.84 logits" in out
     assert "losslessness is not promised on this CPU for pld (the lossless column measures it)" in out
     assert summary.loc["pld", "row_check"] == DIFFERS and pd.notna(summary.loc["pld", "lossless_match"])
-    assert "= autoregressive, not promised here" in out
+    assert "= plain, not promised here" in out
 
 
 def test_a_run_that_measures_another_plain_decoding_fastest_says_so_and_marks_both_stale(tiny, measuring):
@@ -155,7 +155,7 @@ def test_a_run_that_measures_another_plain_decoding_fastest_says_so_and_marks_bo
                                       backends=["eager"])
     plan = SimpleNamespace(machine=profile, context=16, execution=ExecutionPlan(
         "eager", "float32", "", Execution("eager", "bfloat16"), "fp"))
-    summary = pd.DataFrame({"method": ["autoregressive", "autoregressive@bfloat16", "pld"],
+    summary = pd.DataFrame({"method": ["plain", "plain@bfloat16", "pld"],
                             "backend": ["eager"] * 3, "dtype": ["float32", "bfloat16", "float32"],
                             "weights": ["fp"] * 3, "tokens_per_s": [18.9, 15.5, 17.0],
                             "row_check": [ROUNDING, ROUNDING, ROUNDING], "row_check_note": ["", "", ""]})

@@ -1,5 +1,5 @@
 """A run folder that cannot be poisoned: every record is checked against settings.json on resume, damaged files are one
-line naming what is wrong, labels cannot impersonate the baseline or leave outputs/, and one run at a time holds the
+line naming what is wrong, labels cannot impersonate plain decoding or leave outputs/, and one run at a time holds the
 folder (issue 18)."""
 
 import fcntl
@@ -18,7 +18,7 @@ from hydra.core.utils import setup_globals
 from specbench.decoding import Decoder
 from specbench.errors import SpecbenchError
 from specbench.evaluation.methods import resolve_entries
-from specbench.evaluation.run_folder import RecordStore
+from specbench.evaluation.run_folder import RecordStore, read_records
 from specbench.files import write_atomic
 from specbench.tasks import eval as eval_task
 
@@ -26,14 +26,14 @@ from .conftest import CONF, compose_cfg
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = ["model=tiny_random", "method=pld", "eval.dtype=float32", "eval.num_prompts=2", "eval.max_new_tokens=8",
-       "eval.warmup=0", "eval.memory_probe=false", "eval.fastest_ar=false", "eval.latency_profile=false",
+       "eval.warmup=0", "eval.memory_probe=false", "eval.fastest_plain=false", "eval.latency_profile=false",
        "eval.first_turn_only=true"]
 TWO = [*RUN, "methods=[pld,{method:pld,label:pld-3,overrides:['tree.budget=3']}]"]
 
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
-    """A finished run folder: per prompt, lines autoregressive, pld, pld-3 (6 records)."""
+    """A finished run folder: per prompt, lines plain, pld, pld-3 (6 records)."""
     folder = tmp_path_factory.mktemp("made")
     eval_task.run(compose_cfg(TWO, folder), TWO)
     return folder
@@ -75,7 +75,7 @@ def rerun_refused_after_load(folder: Path, monkeypatch, overrides=TWO) -> str:
 
 def test_a_record_under_another_methods_hash_is_refused_naming_label_line_and_keys(folder, monkeypatch):
     rows = lines(folder)
-    assert [r["method"] for r in rows[:3]] == ["autoregressive", "pld", "pld-3"]
+    assert [r["method"] for r in rows[:3]] == ["plain", "pld", "pld-3"]
     rows[1]["settings_hash"] = rows[2]["settings_hash"]  # pld-3's result passed off as pld's
     write_lines(folder, rows)
     message = rerun_refused_after_load(folder, monkeypatch)
@@ -88,7 +88,7 @@ def test_records_made_before_settings_json_was_edited_are_refused_naming_the_key
     settings["shared"]["eval"]["max_new_tokens"] = 6  # edited by hand to reuse the records under other settings
     (folder / "settings.json").write_text(json.dumps(settings))
     message = rerun_refused_after_load(folder, monkeypatch, [*TWO, "eval.max_new_tokens=6"])
-    assert "records.jsonl line 1 (and 5 more): the record of 'autoregressive'" in message
+    assert "records.jsonl line 1 (and 5 more): the record of 'plain'" in message
     assert "eval.max_new_tokens: 8 -> 6" in message
 
 
@@ -106,7 +106,7 @@ def test_a_rerun_with_fewer_methods_accepts_the_others_records(folder, monkeypat
     monkeypatch.undo()
     monkeypatch.setattr(Decoder, "generate", lambda *a: pytest.fail("a finished prompt was decoded again"))
     summary = eval_task.run(compose_cfg(RUN, folder))
-    assert set(summary["method"]) == {"autoregressive", "pld", "pld-3"}
+    assert set(summary["method"]) == {"plain", "pld", "pld-3"}
 
 
 # 2. a label not in settings.json
@@ -117,7 +117,7 @@ def test_a_ghost_label_is_refused_with_its_line(folder):
     write_lines(folder, [*rows[:2], rows[1] | {"method": "ghost"}, *rows[2:]])
     message = refused(folder)
     assert "records.jsonl line 3: method 'ghost' is not one of this folder's methods in settings.json " \
-           "(autoregressive, pld, pld-3)" in message
+           "(plain, pld, pld-3)" in message
 
 
 # 3. and 4. settings.json missing or damaged
@@ -174,18 +174,18 @@ def test_a_duplicate_record_is_refused_naming_both_lines(folder):
 # 6. labels
 
 
-@pytest.mark.parametrize("methods", ["[autoregressive]", "[pld,{method:pld,label:autoregressive}]",
-                                     "[{method:pld,label:'autoregressive@eager'}]", "[{method:pld,label:hf_generate}]"])
-def test_a_label_naming_a_baseline_is_refused(methods, tmp_path):
-    with pytest.raises(SpecbenchError, match=r"is invalid: autoregressive, autoregressive@\.\.\. and hf_generate name "
-                                             r"the baselines the run adds itself"):
+@pytest.mark.parametrize("methods", ["[plain]", "[pld,{method:pld,label:plain}]",
+                                     "[{method:pld,label:'plain@eager'}]", "[{method:pld,label:hf_generate}]"])
+def test_a_label_naming_plain_decoding_is_refused(methods, tmp_path):
+    with pytest.raises(SpecbenchError, match=r"is invalid: plain, plain@\.\.\. and hf_generate name "
+                                             r"the plain decodings the run adds itself"):
         resolve_entries(compose_cfg([f"methods={methods}"], tmp_path))
 
 
-def test_a_single_method_cannot_take_the_baselines_name(tmp_path):
-    with pytest.raises(SpecbenchError, match="method.name=autoregressive is invalid: it names a baseline"):
-        resolve_entries(compose_cfg(["method=pld", "method.name=autoregressive"], tmp_path))
-    assert [e.label for e in resolve_entries(compose_cfg(["method=autoregressive"], tmp_path))] == ["autoregressive"]
+def test_a_single_method_cannot_take_plain_decodings_name(tmp_path):
+    with pytest.raises(SpecbenchError, match="method.name=plain is invalid: it names plain decoding"):
+        resolve_entries(compose_cfg(["method=pld", "method.name=plain"], tmp_path))
+    assert [e.label for e in resolve_entries(compose_cfg(["method=plain"], tmp_path))] == ["plain"]
 
 
 def test_entries_composed_again_are_equal_and_their_own(tmp_path):
@@ -279,7 +279,7 @@ def test_a_killed_run_releases_the_lock_and_resumes_without_duplicates(tmp_path,
     hold_lock(folder).close()  # free again: the kill released it
     eval_task.run(compose_cfg(RUN, folder))
     keys = [(r["method"], r["question_id"], r["turn"]) for r in lines(folder)]
-    assert len(keys) == len(set(keys)) == 4  # 2 prompts x (autoregressive, pld), none twice
+    assert len(keys) == len(set(keys)) == 4  # 2 prompts x (plain, pld), none twice
     with pytest.raises(SpecbenchError, match="is in use by another run"), hold_lock(folder):
         eval_task.run(compose_cfg(RUN, folder))
 
@@ -292,7 +292,7 @@ def test_settings_and_memory_json_are_written_through_a_temporary_file(tmp_path,
     monkeypatch.setattr(os, "replace", lambda src, dst: (replaced.append(Path(dst).name), real(src, dst)))
     eval_task.run(compose_cfg([*RUN, "eval.num_prompts=1", "eval.memory_probe=true"], tmp_path))
     assert {"settings.json", "memory.json"} <= set(replaced)
-    assert set(json.loads((tmp_path / "memory.json").read_text())) == {"autoregressive", "pld"}
+    assert set(json.loads((tmp_path / "memory.json").read_text())) == {"plain", "pld"}
 
 
 def test_a_write_that_fails_leaves_the_old_file_whole(tmp_path, monkeypatch):
@@ -319,3 +319,17 @@ def test_a_rebuilt_datastore_at_the_same_path_is_other_settings(tmp_path):
     store.write_bytes(b"second build")
     assert settings()["method"]["datastore_fingerprint"] != before["method"]["datastore_fingerprint"]
     assert "datastore_fingerprint" not in settings(["method.drafter.sources=[input]"])["method"]
+
+
+def test_records_written_before_plain_decoding_had_one_name_read_under_it(tmp_path):
+    """A folder from before the rename (method `autoregressive`, `autoregressive@<execution>`) stays readable: its
+    records come back labelled plain, and a method's own labels are left alone."""
+    path = tmp_path / "records.jsonl"
+    old = [{"method": "autoregressive", "method_name": "autoregressive", "question_id": "1", "turn": 0},
+           {"method": "autoregressive@eager/bfloat16", "method_name": "autoregressive", "question_id": "1", "turn": 0},
+           {"method": "pld", "method_name": "pld", "question_id": "1", "turn": 0, "reference": "autoregressive"},
+           {"method": "autoregressive_like", "method_name": "pld", "question_id": "1", "turn": 0}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in old))
+    records = read_records(path)
+    assert [r["method"] for r in records] == ["plain", "plain@eager/bfloat16", "pld", "autoregressive_like"]
+    assert [r["method_name"] for r in records] == ["plain", "plain", "pld", "pld"] and records[2]["reference"] == "plain"

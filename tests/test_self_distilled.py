@@ -6,7 +6,7 @@ import pytest
 from specbench.acceptance import ExactAcceptance
 from specbench.data.datastore import Datastore, capped
 from specbench.decoding import Decoder
-from specbench.drafters.autoregressive import AutoregressiveDrafter
+from specbench.drafters.plain import PlainDrafter
 from specbench.errors import SpecbenchError
 from specbench.evaluation.methods import build_drafter
 from specbench.sampling import SamplingParams
@@ -61,7 +61,7 @@ def test_the_index_holds_the_targets_greedy_answers_to_the_prompts(tiny, cache, 
     assert store.meta["corpus"] == "self_distilled" and store.meta["num_conversations"] == 3
     for chat, doc in zip(CHATS[:3], documents(store), strict=True):
         prompt = prompt_ids(tiny.tokenizer, chat, 128)
-        answer = Decoder(tiny.model, AutoregressiveDrafter(), ExactAcceptance(), SamplingParams(), 12,
+        answer = Decoder(tiny.model, PlainDrafter(), ExactAcceptance(), SamplingParams(), 12,
                          tiny.eos_token_ids).generate(prompt).tokens
         assert doc == prompt + answer
 

@@ -11,7 +11,7 @@ from specbench.acceptance import ExactAcceptance
 from specbench.sampling import SamplingParams
 from specbench.data.prompts import encode_prompt, load_dataset
 from specbench.decoding import Decoder
-from specbench.drafters.autoregressive import AutoregressiveDrafter
+from specbench.drafters.plain import PlainDrafter
 from specbench.drafters.pld import PromptLookupDrafter
 from specbench.models import load_model
 from specbench.models.distilled_draft import shallow_draft
@@ -38,7 +38,7 @@ def test_pld_equals_greedy_on_mt_bench_in_fp32(smollm2):
         ids = encode_prompt(smollm2.tokenizer, p)
         dec = lambda d: Decoder(smollm2.model, d, ExactAcceptance(), SamplingParams(), 40,  # noqa: E731
                                 smollm2.eos_token_ids).generate(ids)
-        ar, pld = dec(AutoregressiveDrafter()), dec(PromptLookupDrafter(None, NativePolicy(11)))
+        ar, pld = dec(PlainDrafter()), dec(PromptLookupDrafter(None, NativePolicy(11)))
         assert pld.tokens == ar.tokens
         accepted += sum(s.accepted for s in pld.steps)
     assert accepted > 0

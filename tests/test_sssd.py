@@ -12,7 +12,7 @@ import pytest
 from specbench.acceptance import ExactAcceptance
 from specbench.data.datastore import Datastore, count_trie, spread
 from specbench.decoding import Decoder
-from specbench.drafters.autoregressive import AutoregressiveDrafter
+from specbench.drafters.plain import PlainDrafter
 from specbench.drafters.base import DecodeState
 from specbench.drafters.sssd import InputIndex, SSSDDrafter
 from specbench.errors import SpecbenchError
@@ -47,7 +47,7 @@ def prompts(tiny):
 def store_path(tiny, prompts, tmp_path_factory):
     """A datastore of a few strings plus what the tiny model writes after the test prompts, so its drafts match."""
     docs = [tiny.tokenizer(t)["input_ids"] for t in ("a few strings", "for the datastore")]
-    docs += [p + decode(tiny, AutoregressiveDrafter(), p).tokens for p in prompts]
+    docs += [p + decode(tiny, PlainDrafter(), p).tokens for p in prompts]
     path = tmp_path_factory.mktemp("ds") / "tiny.npz"
     Datastore.build(docs, tiny.tokenizer, tiny.name).save(path)
     return path
@@ -105,10 +105,10 @@ def test_samples_spread_over_the_match_range():
 
 
 @pytest.mark.parametrize("sources", [["input"], ["datastore"], ["input", "datastore"]])
-def test_sssd_greedy_equals_autoregressive(tiny, prompts, store_path, sources):
+def test_sssd_greedy_equals_plain_decoding(tiny, prompts, store_path, sources):
     accepted = 0
     for prompt in prompts:
-        ar = decode(tiny, AutoregressiveDrafter(), prompt)
+        ar = decode(tiny, PlainDrafter(), prompt)
         out = decode(tiny, SSSDDrafter(tiny, NativePolicy(16), sources=sources, datastore=str(store_path)), prompt)
         assert out.tokens == ar.tokens
         assert all(s.tree_size <= 16 for s in out.steps)
@@ -136,7 +136,7 @@ def test_reading_continuations_no_deeper_than_the_tree_can_reach_keeps_every_tre
         state = DecodeState(tokens=list(prompt), prompt_len=len(prompt))
         deep.reset(state)
         short.reset(state)
-        for token in decode(tiny, AutoregressiveDrafter(), prompt, max_new=16).tokens:
+        for token in decode(tiny, PlainDrafter(), prompt, max_new=16).tokens:
             a, b = deep.propose(state), short.propose(state)
             assert a.tokens.tolist() == b.tokens.tolist() and a.parents.tolist() == b.parents.tolist()
             state.tokens.append(token)
@@ -167,7 +167,7 @@ def test_the_default_datastore_is_built_on_first_use_and_reused(tiny, prompts, t
     assert len(drafter.store) > 0
     SSSDDrafter(tiny, NativePolicy(8), datastore=None)
     assert calls == [10000]  # read from the cache the second time
-    ar = decode(tiny, AutoregressiveDrafter(), prompts[0])
+    ar = decode(tiny, PlainDrafter(), prompts[0])
     assert decode(tiny, drafter, prompts[0]).tokens == ar.tokens
 
 
@@ -184,13 +184,13 @@ def test_a_run_that_builds_the_datastore_resumes_into_its_own_folder(tmp_path, m
     chat = [{"role": "user", "content": "the cat sat on the mat"}, {"role": "assistant", "content": "the mat sat"}]
     monkeypatch.setattr(sharegpt, "read_sharegpt", lambda n: [chat] * 3)
     overrides = ["model=tiny_random", "eval.dtype=float32", "eval.num_prompts=1", "eval.max_new_tokens=8",
-                 "eval.warmup=0", "eval.memory_probe=false", "eval.fastest_ar=false", "eval.latency_profile=false",
+                 "eval.warmup=0", "eval.memory_probe=false", "eval.fastest_plain=false", "eval.latency_profile=false",
                  "method=sssd"]
     eval_task.run(compose_cfg(overrides, tmp_path / "run"))
     settings = json.loads((tmp_path / "run" / "settings.json").read_text())
     assert "missing" not in json.dumps(settings)
     summary = eval_task.run(compose_cfg(overrides, tmp_path / "run"))  # resumes: nothing decoded again
-    assert set(summary["method"]) == {"autoregressive", "sssd"}
+    assert set(summary["method"]) == {"plain", "sssd"}
 
 
 def test_a_datastore_for_another_tokenizer_is_refused(tiny, tmp_path):

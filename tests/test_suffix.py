@@ -12,7 +12,7 @@ import torch
 from specbench.acceptance import ExactAcceptance
 from specbench.acceptance.rejection import RejectionSampling
 from specbench.decoding import Decoder
-from specbench.drafters.autoregressive import AutoregressiveDrafter
+from specbench.drafters.plain import PlainDrafter
 from specbench.drafters.base import DecodeState
 from specbench.drafters.suffix import SuffixDrafter, suffix_tree_class
 from specbench.drafters.suffix_tree import SuffixTree
@@ -72,9 +72,9 @@ def test_draft_size_follows_the_match_length(tree_class, factor, offset, budget)
 
 @pytest.mark.parametrize("prompt_text", TEXTS)
 @pytest.mark.parametrize("knobs", [{}, {"tree_spec": False}, {"max_spec_factor": 3.0, "min_token_prob": 0.0}])
-def test_greedy_decoding_is_token_identical_to_autoregressive(tiny, prompt_text, knobs):
+def test_greedy_decoding_is_token_identical_to_plain_decoding(tiny, prompt_text, knobs):
     prompt = tiny.tokenizer(prompt_text)["input_ids"]
-    want = decode(tiny, AutoregressiveDrafter(), prompt).tokens
+    want = decode(tiny, PlainDrafter(), prompt).tokens
     drafter = SuffixDrafter(tiny, NativePolicy(16), **knobs)
     for _ in range(2):  # the second time the global tree holds the first answer
         gen = decode(tiny, drafter, prompt)
@@ -97,7 +97,7 @@ def test_the_global_tree_helps_on_a_repeated_prompt(tiny):
 
 def test_a_warmup_corpus_fills_the_global_tree(tiny, tmp_path):
     prompt = tiny.tokenizer(TEXTS[1])["input_ids"]
-    answer = tiny.tokenizer.decode(prompt + decode(tiny, AutoregressiveDrafter(), prompt, max_new=64).tokens)
+    answer = tiny.tokenizer.decode(prompt + decode(tiny, PlainDrafter(), prompt, max_new=64).tokens)
     corpus = tmp_path / "warmup.jsonl"
     corpus.write_text(json.dumps("unrelated text") + "\n" + json.dumps({"text": answer}) + "\n")
     cold = len(decode(tiny, SuffixDrafter(tiny, NativePolicy(16)), prompt, max_new=64).steps)

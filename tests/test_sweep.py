@@ -1,4 +1,3 @@
-import pytest
 """The multirun sweep summary: every job's summary in one table with its swept settings, and a plot against them;
 a rerun of a sweep resumes it."""
 
@@ -9,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from specbench.reporting.sweep import sweep_summary
 
@@ -20,7 +20,7 @@ def test_sweep_summary_joins_the_jobs_with_their_swept_settings(tmp_path):
         folder = tmp_path / f"{job}_eval.batch_size={b}"
         (folder / ".hydra").mkdir(parents=True)
         (folder / ".hydra" / "overrides.yaml").write_text(f"- eval.batch_size={b}\n- experiment=seeds/sssd_batch\n")
-        pd.DataFrame({"method": ["autoregressive", "pld"], "tau": [1.0, 1.3], "tokens_per_s": [10.0, 12.0 / b],
+        pd.DataFrame({"method": ["plain", "pld"], "tau": [1.0, 1.3], "tokens_per_s": [10.0, 12.0 / b],
                       "throughput_tokens_per_s": [10.0 * b, 12.0], "throughput_speedup": [1.0, 1.2 / b],
                       "model": "m", "hw": "cpu", "dtype": "float32", "dataset": "d", "num_prompts": 4,
                       "cpu_capability": "AVX2"}).to_csv(folder / "summary.csv", index=False)
@@ -46,6 +46,26 @@ def test_a_job_whose_overrides_hold_a_path_is_found_in_its_nested_folder(tmp_pat
     assert not (tmp_path / "sweep.png").exists()  # tau alone: no speedup to plot
 
 
+def test_a_job_folder_written_before_plain_decoding_had_one_name_reads_under_it(tmp_path):
+    """Old summaries name plain decoding `autoregressive` and carry fastest_ar, fastest_ar_any and
+    speedup_vs_baseline: the sweep table reads them under today's names, beside a new job's."""
+    old = {"method": ["autoregressive", "autoregressive@eager", "pld"], "tau": [1.0, 1.0, 1.4],
+           "fastest_ar": ["autoregressive"] * 3, "fastest_ar_any": ["autoregressive@eager"] * 3,
+           "speedup_vs_baseline": [1.0, 0.5, 1.3]}
+    new = {"method": ["plain", "pld"], "tau": [1.0, 1.5], "fastest_plain": ["plain"] * 2,
+           "fastest_plain_any": ["plain"] * 2, "speedup_vs_own_plain": [1.0, 1.2]}
+    for job, (b, frame) in enumerate(((4, old), (8, new))):
+        folder = tmp_path / f"{job}_tree.budget={b}"
+        (folder / ".hydra").mkdir(parents=True)
+        (folder / ".hydra" / "overrides.yaml").write_text(f"- tree.budget={b}\n")
+        pd.DataFrame(frame).to_csv(folder / "summary.csv", index=False)
+    saved = sweep_summary(tmp_path)
+    assert not {"fastest_ar", "fastest_ar_any", "speedup_vs_baseline"} & set(saved)
+    assert saved["method"].tolist() == ["plain", "plain@eager", "pld", "plain", "pld"]
+    assert saved["fastest_plain_any"].tolist() == ["plain@eager"] * 3 + ["plain"] * 2
+    assert saved["speedup_vs_own_plain"].tolist() == [1.0, 0.5, 1.3, 1.0, 1.2]
+
+
 def test_a_sweep_without_summaries_writes_nothing(tmp_path):
     assert sweep_summary(tmp_path) is None and not (tmp_path / "sweep_summary.csv").exists()
 
@@ -58,7 +78,7 @@ def test_rerunning_a_sweep_skips_finished_jobs_and_duplicates_nothing(tmp_path):
     sweep_dir = tmp_path / "sweep"
     args = [sys.executable, "run.py", "-m", "model=tiny_random", "method=pld", "tree.budget=4,8",
             "eval.num_prompts=2", "eval.max_new_tokens=8", "eval.first_turn_only=true", "eval.dtype=float32",
-            "eval.fastest_ar=false", "eval.memory_probe=false", "eval.latency_profile=false", "eval.warmup=0",
+            "eval.fastest_plain=false", "eval.memory_probe=false", "eval.latency_profile=false", "eval.warmup=0",
             f"hydra.sweep.dir={sweep_dir}"]
     env = dict(os.environ, HF_HUB_OFFLINE="1", WANDB_MODE="offline")
     first = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
@@ -66,7 +86,7 @@ def test_rerunning_a_sweep_skips_finished_jobs_and_duplicates_nothing(tmp_path):
     finished, cut = sorted(p for p in sweep_dir.iterdir() if (p / "records.jsonl").exists())
     finished_records = (finished / "records.jsonl").read_text()
     lines = (cut / "records.jsonl").read_text().splitlines(keepends=True)
-    assert len(lines) == 4  # 2 prompts x (autoregressive, pld)
+    assert len(lines) == 4  # 2 prompts x (plain, pld)
     (cut / "records.jsonl").write_text("".join(lines[:2]) + lines[2][:40])  # killed while writing prompt 2
     (cut / "summary.csv").unlink()
 
@@ -79,4 +99,4 @@ def test_rerunning_a_sweep_skips_finished_jobs_and_duplicates_nothing(tmp_path):
     assert len(keys) == len(set(keys)) == 4
     assert sorted(p.name for p in sweep_dir.iterdir() if p.is_dir()) == sorted([finished.name, cut.name])
     table = pd.read_csv(sweep_dir / "sweep_summary.csv")
-    assert table.groupby("job")["method"].apply(sorted).tolist() == [["autoregressive", "pld"]] * 2
+    assert table.groupby("job")["method"].apply(sorted).tolist() == [["plain", "pld"]] * 2

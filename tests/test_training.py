@@ -130,7 +130,7 @@ def test_self_distillation_writes_greedy_responses_and_the_features_of_every_fed
 
     from specbench.acceptance.exact import ExactAcceptance
     from specbench.decoding import Decoder
-    from specbench.drafters.autoregressive import AutoregressiveDrafter
+    from specbench.drafters.plain import PlainDrafter
     from specbench.sampling import SamplingParams
     from specbench.training.sharegpt import prompt_ids
 
@@ -139,7 +139,7 @@ def test_self_distillation_writes_greedy_responses_and_the_features_of_every_fed
     assert [r["prompt"] for r in records] == [prompt_ids(tiny.tokenizer, c, 24) for c in read_sharegpt(7)]
     want = {}
     for r in records:
-        alone = Decoder(tiny.model, AutoregressiveDrafter(), ExactAcceptance(), SamplingParams(), 10,
+        alone = Decoder(tiny.model, PlainDrafter(), ExactAcceptance(), SamplingParams(), 10,
                         eos_token_ids=tiny.eos_token_ids).generate(r["prompt"]).tokens
         assert r["response"] == alone
         with torch.no_grad():

@@ -11,7 +11,7 @@ from specbench.acceptance import ExactAcceptance
 from specbench.sampling import SamplingParams
 from specbench.acceptance.typical import TypicalAcceptance
 from specbench.decoding import Decoder
-from specbench.drafters.autoregressive import AutoregressiveDrafter
+from specbench.drafters.plain import PlainDrafter
 from specbench.drafters.draft_model import DraftModelDrafter
 from specbench.errors import SpecbenchError
 from specbench.trees.dynamic import DynamicPolicy
@@ -75,7 +75,7 @@ def test_temperature_zero_is_exact_greedy_acceptance():
 
 def test_decoding_with_typical_at_temperature_zero_equals_greedy(tiny):
     prompt = [5, 9, 14, 99, 140, 77]
-    want = Decoder(tiny.model, AutoregressiveDrafter(), ExactAcceptance(), SamplingParams(), 24).generate(prompt)
+    want = Decoder(tiny.model, PlainDrafter(), ExactAcceptance(), SamplingParams(), 24).generate(prompt)
     drafter = DraftModelDrafter(tiny, DynamicPolicy(budget=7, top_k=2, depth=3), early_exit_layers=1)
     got = Decoder(tiny.model, drafter, TypicalAcceptance(), SamplingParams(), 24).generate(prompt)
     assert got.tokens == want.tokens

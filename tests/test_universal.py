@@ -17,7 +17,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, PreTrained
 from specbench.acceptance import ExactAcceptance
 from specbench.acceptance.rejection import RejectionSampling
 from specbench.decoding import Decoder
-from specbench.drafters.autoregressive import AutoregressiveDrafter
+from specbench.drafters.plain import PlainDrafter
 from specbench.drafters.draft_model import DraftModelDrafter
 from specbench.drafters.universal import TextBridge
 from specbench.errors import SpecbenchError
@@ -92,7 +92,7 @@ def test_the_target_in_disguise_is_accepted_every_step(target):
     assert drafter.universal is not None
     for text in PROMPTS:
         prompt = encode(target, text)
-        want = decode(target, AutoregressiveDrafter(), prompt).tokens
+        want = decode(target, PlainDrafter(), prompt).tokens
         got = decode(target, drafter, prompt)
         assert got.tokens == want
         assert [s.accepted for s in got.steps[:-1]] == [4] * (len(got.steps) - 1)
@@ -110,7 +110,7 @@ def test_another_segmentation_stays_lossless(target, merged_draft, rule):
     drafter = DraftModelDrafter(target, ChainPolicy(budget=4), draft_model=merged_draft, translate=True)
     for text in PROMPTS:
         prompt = encode(target, text)
-        want = decode(target, AutoregressiveDrafter(), prompt, n=48).tokens
+        want = decode(target, PlainDrafter(), prompt, n=48).tokens
         got = decode(target, drafter, prompt, n=48, rule=rule)
         assert got.tokens == want
         assert all(s.tree_size > 1 for s in got.steps[:-1])  # every step verified a translated chain

@@ -50,7 +50,7 @@ def accept_lengths(overrides: list[str], dataset: str, budget: int) -> tuple[lis
     prompts = {p.question_id: p for p in build(cfg.dataset, num_prompts=None)}
     lengths, new_tokens = [], 0
     answers = [r for r in read_records(HERE / "answers" / dataset / RECORDS_FILE)
-               if r["method"] == "autoregressive" and r["turn"] == 0]
+               if r["method"] == "plain" and r["turn"] == 0]
     for record, out in replay_answers(drafter, answers, prompts, target.tokenizer, target.chat_template,
                                       target.max_context):
         lengths += [n - 1 for n in out.accept_lengths]

@@ -24,7 +24,7 @@ from specbench.acceptance.exact import ExactAcceptance
 from specbench.config import CONF_DIR
 from specbench.data.prompts import encode_prompt, load_dataset
 from specbench.decoding import Decoder
-from specbench.drafters.autoregressive import AutoregressiveDrafter
+from specbench.drafters.plain import PlainDrafter
 from specbench.drafters.pld import PromptLookupDrafter
 from specbench.hardware.measured.attention import eager_windows
 from specbench.execution.attention import attention_tag, with_attention
@@ -35,7 +35,7 @@ from specbench.tasks._common import build_model
 from specbench.trees.native import NativePolicy
 
 ATTENTIONS = ("sdpa", "eager", "auto")
-DRAFTERS = {"plain": lambda target: AutoregressiveDrafter(),
+DRAFTERS = {"plain": lambda target: PlainDrafter(),
             "pld": lambda target: PromptLookupDrafter(target, NativePolicy(11))}  # method=pld's budget
 
 

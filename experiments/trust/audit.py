@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 RUN = ["model=tiny_random", "eval.dtype=float32", "eval.num_prompts=2", "eval.max_new_tokens=8", "eval.warmup=0",
-       "eval.memory_probe=false", "eval.fastest_ar=false", "eval.latency_profile=false", "eval.first_turn_only=true"]
+       "eval.memory_probe=false", "eval.fastest_plain=false", "eval.latency_profile=false", "eval.first_turn_only=true"]
 TWO = [*RUN, "methods=[pld,{method:pld,label:pld-3,overrides:['tree.budget=3']}]"]
 
 
@@ -58,7 +58,7 @@ class Audit:
         return f"exit {code}: `{lines[-1][:100] if lines else ''}`"
 
     def finished(self) -> Path:
-        """A finished run folder (autoregressive, pld, pld-3 on 2 prompts), copied for each case to damage."""
+        """A finished run folder (plain, pld, pld-3 on 2 prompts), copied for each case to damage."""
         if not hasattr(self, "_made"):
             code, _, err, self._made = self.run(TWO)
             assert code == 0, err[-2000:]
@@ -93,11 +93,11 @@ def cases(audit: Audit, data: Path):
         ("tree.budget=abc", ["tree.budget=abc"]),
         ("hw.num_threads=abc", ["hw.num_threads=abc"]),
         ("method.drafter.max_ngram=abc", ["method.drafter.max_ngram=abc"]),
-        ("eval.profile_backends=[] (meant every backend)", ["eval.profile_backends=[]", "eval.fastest_ar=true"]),
+        ("eval.profile_backends=[] (meant every backend)", ["eval.profile_backends=[]", "eval.fastest_plain=true"]),
     ]
     for name, args in simple:
-        args = [*RUN, *[a for a in args if not a.startswith("eval.fastest_ar")], *[a for a in args
-                                                                                if a.startswith("eval.fastest_ar")]]
+        args = [*RUN, *[a for a in args if not a.startswith("eval.fastest_plain")], *[a for a in args
+                                                                                if a.startswith("eval.fastest_plain")]]
         code, _, err, folder = audit.run(args)
         wrong = ""
         if code == 0:
@@ -156,8 +156,8 @@ def cases(audit: Audit, data: Path):
     yield ("a duplicated record", audit.verdict(code, err),
            "the duplicate was summarised twice" if code == 0 else "")
 
-    code, _, err, folder = audit.run([*RUN, "methods=[{method:pld,label:autoregressive}]"])
-    yield ("a method labelled `autoregressive`", audit.verdict(code, err),
+    code, _, err, folder = audit.run([*RUN, "methods=[{method:pld,label:plain}]"])
+    yield ("a method labelled `plain`", audit.verdict(code, err),
            "PLD's records stood in for the baseline" if code == 0 else "")
 
     code, _, err, _ = audit.run([*RUN, "methods=[{method:pld,label:/../../../escaped}]"], folder=False)
@@ -525,7 +525,7 @@ def replay_cases(audit: Audit, data: Path):
 
     # 4. suffix decoding replayed on its own run's answers (the defaults: a warm-up generation, the memory probe)
     folder = Path(tempfile.mkdtemp(dir=audit.scratch)) / "run"
-    audit.run([*RUN[:2], "eval.num_prompts=5", "eval.max_new_tokens=48", "eval.fastest_ar=false",
+    audit.run([*RUN[:2], "eval.num_prompts=5", "eval.max_new_tokens=48", "eval.fastest_plain=false",
                "eval.latency_profile=false", "method=suffix"], folder)
     code, _, err, replayed = audit.run(["task=replay", "model=tiny_random", "method=suffix", f"replay.run={folder}"])
     import pandas as pd

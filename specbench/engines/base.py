@@ -18,7 +18,6 @@ from specbench.models.loading import LoadedModel
 from specbench.sampling import SamplingParams
 
 INSTALL = "pip install -e '.[engines]'"
-PLAIN = "plain"
 
 
 class EngineUnavailable(Exception):

@@ -14,13 +14,14 @@ from hydra.utils import instantiate
 from transformers.generation.streamers import BaseStreamer
 
 from specbench.decoding import Generation
-from specbench.engines.base import PLAIN, Clock, Engine, EngineContext
+from specbench.engines.base import Clock, Engine, EngineContext
 from specbench.errors import SpecbenchError
 from specbench.execution.backends import RUN_KEYS
 from specbench.models.artifact import resolve_checkpoint
 from specbench.models.distilled_draft import load_distilled_draft
 from specbench.models.early_exit import early_exit
 from specbench.models.loading import LoadedModel, with_dtype
+from specbench.names import PLAIN
 
 class _Stream(BaseStreamer):
     """generate() hands the streamer the prompt, then the tokens of each step."""

@@ -24,7 +24,7 @@ import numpy as np
 from llama_cpp.llama_speculative import LlamaDraftModel, LlamaPromptLookupDecoding
 
 from specbench.decoding import Generation
-from specbench.engines.base import PLAIN, Clock, Engine, EngineContext, EngineUnavailable
+from specbench.engines.base import Clock, Engine, EngineContext, EngineUnavailable
 from specbench.errors import SpecbenchError
 from specbench.models.distilled_draft import load_distilled_draft
 from specbench.models.gguf_draft import draft_gguf

@@ -10,8 +10,9 @@ import importlib
 import importlib.util
 from dataclasses import dataclass
 
-from specbench.engines.base import INSTALL, PLAIN
+from specbench.engines.base import INSTALL
 from specbench.errors import SpecbenchError
+from specbench.names import PLAIN
 
 
 @dataclass(frozen=True)

@@ -1,1 +1,1 @@
-"""The shared evaluator: baseline and method on the same prompts, metrics, lossless check, memory."""
+"""The shared evaluator: plain decoding and method on the same prompts, metrics, lossless check, memory."""

@@ -17,14 +17,15 @@ import torch
 from omegaconf import OmegaConf
 
 from specbench.acceptance.exact import ExactAcceptance
-from specbench.drafters.autoregressive import AutoregressiveDrafter
-from specbench.engines.base import PLAIN, Engine, EngineContext, EngineUnavailable, check_greedy
+from specbench.drafters.plain import PlainDrafter
+from specbench.engines.base import Engine, EngineContext, EngineUnavailable, check_greedy
 from specbench.engines.registry import EngineEntry, builder, parse_engines
 from specbench.errors import SpecbenchError
 from specbench.evaluation.evaluator import MethodRun
-from specbench.evaluation.metrics import BASELINE, decoded
+from specbench.evaluation.metrics import decoded
 from specbench.models.artifact import resolve_checkpoint
 from specbench.models.loading import LoadedModel, layer_count, read_config, resolve_path
+from specbench.names import PLAIN
 from specbench.sampling import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -140,7 +141,7 @@ def build_engines(cfg, entries: list[EngineEntry], target: LoadedModel, loaded: 
 
 
 def engine_runs(built: list[BuiltEngine], hashes: dict[str, str]) -> list[MethodRun]:
-    return [MethodRun(b.entry.label, AutoregressiveDrafter(), ExactAcceptance(), hashes[b.entry.label], b.entry.label,
+    return [MethodRun(b.entry.label, PlainDrafter(), ExactAcceptance(), hashes[b.entry.label], b.entry.label,
                       engine=b.engine) for b in built]
 
 
@@ -155,13 +156,13 @@ def agreement(ours: list[int], reference: list[int]) -> float:
 
 def with_agreement(summary: pd.DataFrame, records: pd.DataFrame) -> pd.DataFrame:
     """agreement of every engine row with the project's plain decoding of the closest execution (the plain
-    decoding in the engine's own dtype and weights when the run has one, else the run's baseline), averaged over the
+    decoding in the engine's own dtype and weights when the run has one, else the run's plain decoding), averaged over the
     prompts both decoded, and the share of identical answers (an engine row has no lossless_match: no rule of ours
     promises its tokens); beside them the engine's version."""
     records = decoded(records)
     if "engine" not in records or records["engine"].isna().all():
         return summary
-    plain = records[records["method_name"] == BASELINE]
+    plain = records[records["method_name"] == PLAIN]
     rows = []
     for label in summary["method"]:
         grp = records[records["method"] == label]
@@ -170,7 +171,7 @@ def with_agreement(summary: pd.DataFrame, records: pd.DataFrame) -> pd.DataFrame
             continue
         first = grp.iloc[0]
         same = plain[(plain.get("dtype") == first.get("dtype")) & (plain.get("weights") == first.get("weights"))]
-        reference = same["method"].iloc[0] if len(same) else BASELINE
+        reference = same["method"].iloc[0] if len(same) else PLAIN
         ref = plain[plain["method"] == reference].set_index(["question_id", "turn"])["output_ids"]
         shares = [agreement(r["output_ids"], ref[(r["question_id"], r["turn"])]) for _, r in grp.iterrows()
                   if (r["question_id"], r["turn"]) in ref.index]

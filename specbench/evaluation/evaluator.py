@@ -1,5 +1,5 @@
-"""The Evaluator decodes every prompt with the autoregressive baseline and each method back to back, in one process
-and dtype, so a method's time on a prompt is compared with the baseline's on the same prompt under the same machine
+"""The Evaluator decodes every prompt with plain decoding and each method back to back, in one process
+and dtype, so a method's time on a prompt is compared with plain decoding's on the same prompt under the same machine
 load. It appends one record per prompt, turn and method, and the records become the run's summary, plots and logs.
 """
 
@@ -19,16 +19,17 @@ from specbench.acceptance.exact import ExactAcceptance
 from specbench.batching import BatchDecoder, validate_batch_size
 from specbench.data.prompts import Prompt, PromptDataset, encode_conversation
 from specbench.decoding import Decoder, Generation
-from specbench.drafters.autoregressive import AutoregressiveDrafter
+from specbench.drafters.plain import PlainDrafter
 from specbench.drafters.base import Drafter
 from specbench.engines.base import Engine
 from specbench.errors import SpecbenchError
 from specbench.evaluation.memory import peak_allocated_bytes
-from specbench.evaluation.metrics import BASELINE, decoded
+from specbench.evaluation.metrics import decoded
 from specbench.evaluation.replay import replay_answers
 from specbench.evaluation.run_folder import RECORDS_FILE, RecordStore, backbone_reference
 from specbench.files import write_atomic
 from specbench.models.loading import LoadedModel
+from specbench.names import PLAIN
 from specbench.sampling import SamplingParams
 
 
@@ -38,7 +39,7 @@ class EvalSettings:
     seed: int = 0
     warmup: int = 1
     chat_template: bool = True
-    baseline: bool = True  # run autoregressive decoding on the same prompts (needed for speedup and lossless match)
+    plain: bool = True  # run plain decoding on the same prompts (needed for speedup and lossless match)
     first_turn_only: bool = False  # multi-turn prompts (MT-Bench): decode turn 1 only
     memory_probe: bool = True  # measure each method's peak allocation once, on a short untimed generation
     batch_size: int = 1  # prompts decoded together, verified in one forward per step (batching.BatchDecoder)
@@ -58,7 +59,7 @@ class MethodRun:
     acceptance: AcceptanceRule
     settings_hash: str = ""
     method_name: str = ""  # the method config behind the label
-    target: LoadedModel | None = None  # None: the run's target; a baseline in another dtype brings its own copy
+    target: LoadedModel | None = None  # None: the run's target; plain decoding in another dtype brings its own copy
     reference: str | None = None  # the label of its lossless reference, when not the plain decoding of the target
     engine: Engine | None = None  # an engine row (evaluation/engines.py): it decodes the prompts itself
 
@@ -72,12 +73,12 @@ def load_1min() -> float | None:
 class Evaluator:
     def __init__(self, target: LoadedModel, runs: list[MethodRun], sampling: SamplingParams, dataset: PromptDataset,
                  settings: EvalSettings, run_dir: str | Path, provenance: dict | None = None,
-                 baseline_hash: str = "") -> None:
+                 plain_hash: str = "") -> None:
         self.target, self.sampling, self.dataset, self.settings = target, sampling, dataset, settings
         self.provenance = provenance or {}
-        if settings.baseline and BASELINE not in {r.label for r in runs}:
-            # the baseline samples from the target itself: a lossy rule (typical's greedy root) must not leak in
-            runs = [MethodRun(BASELINE, AutoregressiveDrafter(), ExactAcceptance(), baseline_hash, BASELINE), *runs]
+        if settings.plain and PLAIN not in {r.label for r in runs}:
+            # plain decoding samples from the target itself: a lossy rule (typical's greedy root) must not leak in
+            runs = [MethodRun(PLAIN, PlainDrafter(), ExactAcceptance(), plain_hash, PLAIN), *runs]
         self.runs = self._with_backbones(runs)
         self.run_dir = Path(run_dir)
         self.store = RecordStore(self.run_dir / RECORDS_FILE)
@@ -92,7 +93,7 @@ class Evaluator:
             backbone = run.drafter.verifier
             if backbone is not None:
                 run.target, run.reference = backbone, backbone_reference(run.label)
-                out.append(MethodRun(run.reference, AutoregressiveDrafter(), ExactAcceptance(), run.settings_hash,
+                out.append(MethodRun(run.reference, PlainDrafter(), ExactAcceptance(), run.settings_hash,
                                      run.method_name, backbone))
             out.append(run)
         return out

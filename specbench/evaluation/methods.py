@@ -25,17 +25,18 @@ from specbench.data.datastore import default_path
 from specbench.drafters.base import Drafter
 from specbench.errors import SpecbenchError
 from specbench.evaluation.engines import HF_GENERATE
-from specbench.evaluation.metrics import BASELINE
+
 from specbench.execution.backends import OPENVINO, with_backend
 from specbench.execution.openvino import OpenVinoLinear
 from specbench.models.loading import LoadedModel
 from specbench.models.published.files import content_fingerprint
+from specbench.names import PLAIN
 from specbench.trees.policy import TreePolicy
 
 PER_METHOD = ("method", "tree", "accept")  # the config nodes an entry owns; everything else is the run's
 # what a label may hold: a generated one (medusa[tree.budget=8], medusa[tree=dynamic,+method.x=1]) fits, a path does not
 LABEL_CHARS = re.compile(r"[A-Za-z0-9_\-.,=\[\]+@:]+")
-AUTOREGRESSIVE = "specbench.drafters.autoregressive.AutoregressiveDrafter"
+PLAIN_DRAFTER = "specbench.drafters.plain.PlainDrafter"
 
 
 @dataclass
@@ -86,9 +87,9 @@ def resolve_entries(cfg: DictConfig, run_overrides: list[str] = ()) -> list[Meth
     if methods is None:
         label = str(cfg.method.name)
         check_label(label, f"method.name={label}", "give another method.name")
-        if is_baseline_label(label) and OmegaConf.select(cfg, "method.drafter._target_") != AUTOREGRESSIVE:
-            raise SpecbenchError(f"method.name={label} is invalid: it names a baseline, which only plain decoding "
-                                 f"(method=autoregressive) may carry; give method.name another name")
+        if is_plain_label(label) and OmegaConf.select(cfg, "method.drafter._target_") != PLAIN_DRAFTER:
+            raise SpecbenchError(f"method.name={label} is invalid: it names plain decoding, which only the drafter "
+                                 f"that proposes nothing (method=plain) may carry; give method.name another name")
         return [MethodEntry(label, cfg)]
     if not isinstance(methods, ListConfig) or len(methods) == 0:
         raise SpecbenchError(f"methods={methods!r} is invalid: give a non-empty list such as [pld,medusa,ppd]")
@@ -103,9 +104,9 @@ def resolve_entries(cfg: DictConfig, run_overrides: list[str] = ()) -> list[Meth
         where = f"methods entry label '{label}'" if given else \
             f"methods entry '{name}' with overrides {overrides}: its label '{label}'"
         check_label(label, where, f"give the entry {'another' if given else 'a'} label (label: NAME)")
-        if is_baseline_label(label):
-            raise SpecbenchError(f"{where} is invalid: {BASELINE}, {BASELINE}@... and {HF_GENERATE} name the "
-                                 f"baselines the run adds itself, and records under them would be read as plain "
+        if is_plain_label(label):
+            raise SpecbenchError(f"{where} is invalid: {PLAIN}, {PLAIN}@... and {HF_GENERATE} name the "
+                                 f"plain decodings the run adds itself, and records under them would be read as plain "
                                  f"decoding; give the entry another label (label: NAME)")
         if label in {e.label for e in entries}:
             raise SpecbenchError(f"methods lists '{label}' twice; give each entry its own label (label: NAME)")
@@ -118,8 +119,8 @@ def resolve_entries(cfg: DictConfig, run_overrides: list[str] = ()) -> list[Meth
     return entries
 
 
-def is_baseline_label(label: str) -> bool:
-    return label in (BASELINE, HF_GENERATE) or label.startswith(f"{BASELINE}@")
+def is_plain_label(label: str) -> bool:
+    return label in (PLAIN, HF_GENERATE) or label.startswith(f"{PLAIN}@")
 
 
 def check_label(label: str, where: str, fix: str) -> None:

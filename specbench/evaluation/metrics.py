@@ -6,18 +6,18 @@ decode-only; with eval.batch_size > 1, tokens_per_s is per sequence (each until 
 throughput_tokens_per_s the batch's.
 
 speedup, the headline: Spec-Bench's ratio of means, the method's total new tokens over its total time, divided by
-the same for the FASTEST plain decoding OF THE SAME WEIGHTS measured in the run (`fastest_ar`: the weight format the
+the same for the FASTEST plain decoding OF THE SAME WEIGHTS measured in the run (`fastest_plain`: the weight format the
 method verifies with, fp, int8 or int4, on whichever backend and dtype decoded it fastest, so a method that only
-beats a slow baseline must not look like a win), on the prompts both decoded; speedup_ci_low/high: a 95% paired
+beats a slow plain decoding must not look like a win), on the prompts both decoded; speedup_ci_low/high: a 95% paired
 bootstrap interval of that ratio (prompts resampled with their pairs kept, scipy's BCa). Every paper, Spec-Bench and
 vLLM compare speculation with plain decoding of the same model; a quantised model answers differently, so it is
 another axis: speedup_any (with speedup_any_ci_low/high) is the same ratio against the fastest plain decoding of ANY
-weights (`fastest_ar_any`), beside the headline (quality.py adds that execution's pass@1 delta where measured), and
+weights (`fastest_plain_any`), beside the headline (quality.py adds that execution's pass@1 delta where measured), and
 speedup_engine (decode_speedup_engine: decode tokens/s alone) against the fastest engine's plain decoding in the run
 (`fastest_engine`: llama.cpp, OpenVINO GenAI, ...), what a user would deploy instead.
 A mean of per-prompt ratios weighs a short prompt's ratio as much as a long one's and can reverse the verdict
 (experiments/headline_speedup), so it is only a secondary column: speedup_mean_of_ratios, beside speedup_geomean (the
-geometric mean of the per-prompt ratios). speedup_vs_baseline: the ratio of means against plain decoding on the run's
+geometric mean of the per-prompt ratios). speedup_vs_own_plain: the ratio of means against plain decoding on the run's
 own backend and dtype. overhead: mean step latency / mean AR step latency (Medusa). ideal speedup: tau * L(1) / L(n)
 with L from the latency profile (or from measured step times when there is none), n the rows verified per forward;
 efficiency = decode_speedup / ideal, both without prefill. projected_speedup: tau * T(1) / T(n) from the roofline of
@@ -40,12 +40,11 @@ import pandas as pd
 from scipy import stats
 
 from specbench.drafters.base import DrafterCost
-from specbench.engines.base import PLAIN
 from specbench.errors import SpecbenchError
 from specbench.hardware.measured.machine_profile import busy
+from specbench.names import PLAIN
 
-BASELINE = "autoregressive"
-EAGER_REFERENCE = f"{BASELINE}@eager"  # eval.eager_reference: plain decoding on transformers' eager forward
+EAGER_REFERENCE = f"{PLAIN}@eager"  # eval.eager_reference: plain decoding on transformers' eager forward
 
 
 def is_engine(rows: pd.DataFrame) -> bool:
@@ -147,8 +146,8 @@ def summarize(records: pd.DataFrame, latency_profile: pd.DataFrame | None = None
         raise SpecbenchError("every prompt was skipped: each is longer than the model's context; give shorter "
                              "prompts or a model with a longer context")
     memory = memory or {}
-    base = records[records["method"] == BASELINE]
-    plain = records[records["method_name"] == BASELINE] if "method_name" in records else base
+    base = records[records["method"] == PLAIN]
+    plain = records[records["method_name"] == PLAIN] if "method_name" in records else base
     rates = {label: _tokens_per_s(g) for label, g in plain.groupby("method")}
     plain_weights = {label: _weights(g) for label, g in plain.groupby("method")}
     fastest_any = _fastest(rates)
@@ -183,7 +182,7 @@ def summarize(records: pd.DataFrame, latency_profile: pd.DataFrame | None = None
             "throughput_tokens_per_s": _throughput(grp),
             "throughput_speedup": _throughput(grp) / _throughput(base) if len(base) else math.nan,
             "decode_tokens_per_s": _decode_tokens_per_s(grp),
-            "speedup_vs_baseline": speedup,
+            "speedup_vs_own_plain": speedup,
             "decode_speedup": decode_speedup,
             "overhead": step / base_step if base_step else math.nan,
             "draft_ms_per_step": 1e3 * grp["draft_time"].sum() / steps if steps else math.nan,
@@ -259,7 +258,7 @@ def _headline(grp: pd.DataFrame, plain: pd.DataFrame, base: pd.DataFrame, rates:
     same = _fastest(rates, plain_weights, _weights(grp)) or fastest_any
     against = {label: plain[plain["method"] == label] if label else base for label in (same, fastest_any)}
     anyw = paired_speedup(grp, against[fastest_any])
-    return {"fastest_ar": same, **paired_speedup(grp, against[same]), "fastest_ar_any": fastest_any,
+    return {"fastest_plain": same, **paired_speedup(grp, against[same]), "fastest_plain_any": fastest_any,
             "speedup_any": anyw["speedup"], "speedup_any_ci_low": anyw["speedup_ci_low"],
             "speedup_any_ci_high": anyw["speedup_ci_high"]}
 
@@ -280,7 +279,7 @@ def _against_engine(grp: pd.DataFrame, engine_plain: pd.DataFrame, fastest: str 
 
 def _distribution_check(grp: pd.DataFrame, base: pd.DataFrame) -> dict:
     """Sampling runs: mean NLL of the emitted tokens under the target's sampling distribution, and a Welch z-score
-    of the per-prompt means against the baseline's. A lossless method draws from the same distribution, so |z| stays
+    of the per-prompt means against plain decoding's. A lossless method draws from the same distribution, so |z| stays
     small; a lossy rule (typical acceptance) shifts it."""
     def per_prompt(g):
         return np.array([-np.mean(lp) for lp in g.get("token_logprobs", []) if len(lp)])
@@ -335,13 +334,13 @@ def _mean_verify(grp: pd.DataFrame) -> float:
 
 
 def _reference(records: pd.DataFrame, grp: pd.DataFrame, base: pd.DataFrame) -> pd.DataFrame:
-    """The plain decoding a method must reproduce: its own backbone's (`reference`, Medusa-2) or the baseline's."""
+    """The plain decoding a method must reproduce: its own backbone's (`reference`, Medusa-2) or plain decoding's."""
     ref = grp["reference"].iloc[0] if "reference" in grp else None
     return records[records["method"] == ref] if isinstance(ref, str) else base
 
 
 def _lossless_match(grp: pd.DataFrame, base: pd.DataFrame) -> float:
-    """Share of prompts whose tokens equal the baseline's; NaN where equality is not the promise (lossy rule or
+    """Share of prompts whose tokens equal plain decoding's; NaN where equality is not the promise (lossy rule or
     sampling: outputs then differ by design and the distribution check applies instead)."""
     if base.empty or not grp["lossless_rule"].iloc[0] or grp["temperature"].iloc[0] > 0:
         return math.nan

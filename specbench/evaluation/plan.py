@@ -1,4 +1,4 @@
-"""Plan an evaluation: which methods and baselines decode, on which backend and dtype, under which settings.
+"""Plan an evaluation: which methods and plain decodings decode, on which backend and dtype, under which settings.
 
 An evaluation is plan -> decode -> summarise (tasks/eval.py wires the three). `request` checks what the config asks
 for before anything loads; `plan_runs`, with the target loaded, reads the machine profile, picks the execution,
@@ -19,12 +19,12 @@ from hydra.core.hydra_config import HydraConfig
 
 from specbench.acceptance.exact import ExactAcceptance
 from specbench.config import build
-from specbench.drafters.autoregressive import AutoregressiveDrafter
+from specbench.drafters.plain import PlainDrafter
 from specbench.errors import SpecbenchError
 from specbench.evaluation.evaluator import EvalSettings, MethodRun
 from specbench.evaluation.engines import build_engines, engine_runs, requested
 from specbench.evaluation.methods import MethodEntry, build_drafter, check_early_exit, check_tree, resolve_entries
-from specbench.evaluation.metrics import BASELINE, EAGER_REFERENCE
+from specbench.evaluation.metrics import EAGER_REFERENCE
 from specbench.evaluation.precision import AUTO, ExecutionPlan, check_dtype, plan
 from specbench.evaluation.run_folder import check_and_save_settings, shared_settings
 from specbench.evaluation.run_folder import settings_hash as hash_of
@@ -38,12 +38,13 @@ from specbench.execution.openvino import OWN_FORMATS, check_run as check_openvin
 from specbench.models.loading import LoadedModel, layer_count, read_config
 from specbench.execution.quantize import FORMATS, check_backend_weights, check_weights, format_name, split_format
 from specbench.models.shape import ModelShape
+from specbench.names import PLAIN
 from specbench.sampling import SamplingParams
 from specbench.trees.hardware_aware import HardwareAwarePolicy
 from specbench.trees.policy import TreePolicy
 
 log = logging.getLogger(__name__)
-BASELINE_SETTINGS = {"method": {"name": BASELINE}, "accept": {"name": "exact"}}
+PLAIN_SETTINGS = {"method": {"name": PLAIN}, "accept": {"name": "exact"}}
 
 
 @dataclass
@@ -67,7 +68,7 @@ class Request:
 class Plan:
     target: LoadedModel  # in the run's dtype, on its backend
     execution: ExecutionPlan
-    runs: list[MethodRun]  # the extra plain decodings first, then the methods (the Evaluator adds the baseline)
+    runs: list[MethodRun]  # the extra plain decodings first, then the methods (the Evaluator adds plain decoding)
     machine: MachineProfile | None
     context: float  # the context L(n) is read at: the profile's plus half an answer
     settings_hash: dict[str, str]  # label -> hash of the settings its records carry
@@ -77,7 +78,7 @@ class Plan:
 def request(cfg, overrides: list[str] | None = None) -> Request:
     """overrides: the command line's, which every `methods` entry is composed on (read from Hydra inside a run)."""
     settings = EvalSettings(max_new_tokens=cfg.eval.max_new_tokens, seed=cfg.eval.seed, warmup=cfg.eval.warmup,
-                            baseline=cfg.eval.baseline, first_turn_only=cfg.eval.first_turn_only,
+                            plain=cfg.eval.plain, first_turn_only=cfg.eval.first_turn_only,
                             memory_probe=cfg.eval.memory_probe, batch_size=cfg.eval.batch_size)
     check_dtype(cfg.eval.dtype)
     check_backend(cfg.model.backend)
@@ -106,14 +107,14 @@ def request(cfg, overrides: list[str] | None = None) -> Request:
 def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Path) -> Plan:
     """loaded: the target as setup_target loads it (eager, float32 under eval.dtype=auto)."""
     backend = cfg.model.backend
-    wants_profile = AUTO in (cfg.eval.dtype, backend) or cfg.eval.fastest_ar or req.sized
+    wants_profile = AUTO in (cfg.eval.dtype, backend) or cfg.eval.fastest_plain or req.sized
     # measure what the run's own choices need: the backends auto or the fastest plain decoding choose among, with
     # a named backend beside them (the run executes it); every dtype only where auto or the fastest one chooses
     if backend == AUTO:
         backends = req.profile_backends
     else:
-        backends = list(dict.fromkeys([*req.profile_backends, backend])) if cfg.eval.fastest_ar else [backend]
-    dtypes = None if cfg.eval.dtype == AUTO or cfg.eval.fastest_ar else [cfg.eval.dtype]
+        backends = list(dict.fromkeys([*req.profile_backends, backend])) if cfg.eval.fastest_plain else [backend]
+    dtypes = None if cfg.eval.dtype == AUTO or cfg.eval.fastest_plain else [cfg.eval.dtype]
     weights, formats = run_weights(cfg)
     machine = load_or_measure_profile(loaded, dtypes=dtypes, sizes=profile_sizes(cfg, req.trees),
                                       contexts=profile_contexts(cfg), backends=backends,
@@ -137,18 +138,18 @@ def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Pat
     # fingerprint is part of the method's settings
     drafters = [_drafter(e, tree, cast, execution.backend, latency) for e, tree in zip(req.entries, req.trees)]
 
-    _, fast_d, fast_w = execution.fastest_ar
-    per_method = {e.label: e.settings() for e in req.entries} | {BASELINE: BASELINE_SETTINGS}
+    _, fast_d, fast_w = execution.fastest_plain
+    per_method = {e.label: e.settings() for e in req.entries} | {PLAIN: PLAIN_SETTINGS}
     fastest = fastest_plain_runs(cfg, execution)  # label -> execution: the headline's references
-    per_method |= {label: {**BASELINE_SETTINGS, "dtype": d, "backend": b, "weights": w}
+    per_method |= {label: {**PLAIN_SETTINGS, "dtype": d, "backend": b, "weights": w}
                    for label, (b, d, w) in fastest.items()}
     also = plain_executions(cfg, execution)  # label -> execution: eval.plain_executions
-    per_method |= {label: {**BASELINE_SETTINGS, "dtype": d, "backend": b, "weights": w}
+    per_method |= {label: {**PLAIN_SETTINGS, "dtype": d, "backend": b, "weights": w}
                    for label, (b, d, w) in also.items()}
     eager_ref = (cfg.eval.eager_reference and execution.backend not in ("eager", OPENVINO)
                  and EAGER_REFERENCE not in fastest)
     if eager_ref:  # the run's dtype on transformers' own forward: every method's tokens are also checked against it
-        per_method[EAGER_REFERENCE] = {**BASELINE_SETTINGS, "dtype": execution.dtype, "backend": "eager"}
+        per_method[EAGER_REFERENCE] = {**PLAIN_SETTINGS, "dtype": execution.dtype, "backend": "eager"}
 
     def cast_to(d: str, w: str) -> LoadedModel:
         return cast if (d, w) == (execution.dtype, cast.weights) else Execution("eager", d, w).apply(loaded)
@@ -170,11 +171,11 @@ def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Pat
 
     runs = [MethodRun(e.label, drafter, build(e.cfg.accept), hashes[e.label], e.name)
             for e, drafter in zip(req.entries, drafters)]
-    plain = [MethodRun(label, AutoregressiveDrafter(), ExactAcceptance(), hashes[label], BASELINE,
+    plain = [MethodRun(label, PlainDrafter(), ExactAcceptance(), hashes[label], PLAIN,
                        run_as(b, d, w)) for label, (b, d, w) in (fastest | also).items()]
     if eager_ref:
-        plain.append(MethodRun(EAGER_REFERENCE, AutoregressiveDrafter(), ExactAcceptance(), hashes[EAGER_REFERENCE],
-                               BASELINE, cast))
+        plain.append(MethodRun(EAGER_REFERENCE, PlainDrafter(), ExactAcceptance(), hashes[EAGER_REFERENCE],
+                               PLAIN, cast))
     runs = plain + runs + engine_runs(engines, hashes)
     return Plan(target, execution, runs, machine, context, hashes,
                 replace(req.settings, chat_template=target.chat_template))
@@ -218,22 +219,22 @@ def latency_curve(hw: HardwareSpec, machine: MachineProfile | None, target: Load
 
 
 def fastest_plain_runs(cfg, execution: ExecutionPlan) -> dict[str, Execution]:
-    """{autoregressive@<what differs>: execution} for the fastest plain decoding of the run's own weights (the
+    """{plain@<what differs>: execution} for the fastest plain decoding of the run's own weights (the
     headline's reference) and of any weights (beside it), each where it is not the run's own execution."""
-    if not (cfg.eval.baseline and cfg.eval.fastest_ar):
+    if not (cfg.eval.plain and cfg.eval.fastest_plain):
         return {}
-    found = [e for e in (execution.same_weights_ar, execution.fastest_ar) if e != execution.own]
-    return {f"{BASELINE}@{execution.label_of(e)}": e for e in dict.fromkeys(found)}
+    found = [e for e in (execution.same_weights_plain, execution.fastest_plain) if e != execution.own]
+    return {f"{PLAIN}@{execution.label_of(e)}": e for e in dict.fromkeys(found)}
 
 
 def plain_executions(cfg, execution: ExecutionPlan) -> dict[str, Execution]:
-    """eval.plain_executions as {autoregressive@backend/dtype[/weights]: execution}: plain decodings the run adds
+    """eval.plain_executions as {plain@backend/dtype[/weights]: execution}: plain decodings the run adds
     beside its own and the fastest one (those two are left out here), e.g. to set every execution's tokens/s against
     transformers' generate in one run."""
     group = cfg.model.get("group_size", 32)
-    skip = {execution.own, execution.fastest_ar, execution.same_weights_ar}
+    skip = {execution.own, execution.fastest_plain, execution.same_weights_plain}
     found = [Execution.parse(text, group) for text in cfg.eval.get("plain_executions") or []]
-    return {f"{BASELINE}@{e.label}": e for e in dict.fromkeys(found) if e not in skip}
+    return {f"{PLAIN}@{e.label}": e for e in dict.fromkeys(found) if e not in skip}
 
 
 def run_weights(cfg) -> tuple[str, list[str]]:

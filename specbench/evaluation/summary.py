@@ -13,10 +13,10 @@ from pathlib import Path
 import pandas as pd
 
 from specbench.config import build
-from specbench.drafters.autoregressive import AutoregressiveDrafter
+from specbench.drafters.plain import PlainDrafter
 from specbench.drafters.base import Drafter
 from specbench.evaluation.engines import print_engines, with_agreement
-from specbench.evaluation.metrics import BASELINE, busy_note, decoded, skipped_note, summarize
+from specbench.evaluation.metrics import busy_note, decoded, skipped_note, summarize
 from specbench.evaluation.plan import Plan
 from specbench.evaluation.quality import with_quality
 from specbench.hardware.measured.machine_profile import mark_stale
@@ -27,6 +27,7 @@ from specbench.hardware.modelled.roofline import roofline_step_time
 from specbench.hardware.modelled.spec import HardwareSpec
 from specbench.execution.value import Execution
 from specbench.models.shape import ModelShape
+from specbench.names import PLAIN
 from specbench.reporting.loggers import log_run
 from specbench.reporting.plots import save_plots
 
@@ -82,10 +83,10 @@ def print_table(summary: pd.DataFrame) -> None:
         }).to_string(index=False))
     own = dict(zip(summary["method"], weights))  # an engine's weights have no plain decoding of ours to stand on
     same = "; ".join(f"{w}: {ref}" if own.get(ref) == w else f"{w}: none decoded here, so {ref} ({own.get(ref)})"
-                     for w, ref in dict(zip(weights, summary["fastest_ar"])).items())
+                     for w, ref in dict(zip(weights, summary["fastest_plain"])).items())
     engine = summary["fastest_engine"].iloc[0] if "fastest_engine" in summary else math.nan
     print(f"speedup: ratio of means against the fastest plain decoding of the same weights ({same}), 95% paired "
-          f"bootstrap CI; vs any weights: against {summary['fastest_ar_any'].iloc[0]}"
+          f"bootstrap CI; vs any weights: against {summary['fastest_plain_any'].iloc[0]}"
           + (f"; vs engine: against the fastest engine's plain decoding ({engine}), total and decode-only tok/s"
              if isinstance(engine, str) else "") + "; more columns in summary.csv")
     for line in _why_slower(summary):
@@ -99,14 +100,14 @@ def _with_ci(speedup: float, low: float, high: float) -> str:
 def _lossless(row: pd.Series) -> str:
     """lossless_match as prompts equal to the reference's plain decoding. Lossy rules and sampling promise none; a
     plain decoding on another execution (dtype, weights, engine) is another computation: its share is agreement."""
-    if row["method"] == BASELINE:
+    if row["method"] == PLAIN:
         return "reference"
     if pd.notna(row.get("identical", math.nan)):  # an engine: other kernels, agreement is what can be said
         return f"{round(row['identical'] * row['num_prompts'])}/{row['num_prompts']} identical (engine)"
     if pd.isna(row["lossless_match"]):
         return "not promised"
     matched = f"{round(row['lossless_match'] * row['num_prompts'])}/{row['num_prompts']}"
-    if row["method"].startswith(f"{BASELINE}@"):
+    if row["method"].startswith(f"{PLAIN}@"):
         return f"{matched} agree (another execution)"
     if row.get("row_check") == DIFFERS:  # the machine's row check found this verify route's rows apart
         return f"{matched} = {row['lossless_reference']}, not promised here"
@@ -129,17 +130,17 @@ def _plan_disagreements(summary: pd.DataFrame, plan: Plan) -> list[str]:
     fastest that this run measured slower than another by more than PLAN_MARGIN (both are marked stale in the
     cached profile, so the next run measures them again)."""
     lines = []
-    drafting = summary[~summary["method"].str.startswith(BASELINE) & (summary["row_check"] == DIFFERS)]
+    drafting = summary[~summary["method"].str.startswith(PLAIN) & (summary["row_check"] == DIFFERS)]
     for note, group in drafting.groupby("row_check_note", sort=False):
         execution = Execution(group["backend"].iloc[0], group["dtype"].iloc[0], group["weights"].iloc[0])
         lines.append(f"{execution.label}: {note} in this machine's row check: losslessness is not promised on this "
                      f"CPU for {', '.join(group['method'])} (the lossless column measures it)")
     if plan.machine is None:
         return lines
-    plain = summary[summary["method"].str.startswith(BASELINE) & summary["dtype"].map(lambda d: isinstance(d, str))]
+    plain = summary[summary["method"].str.startswith(PLAIN) & summary["dtype"].map(lambda d: isinstance(d, str))]
     rates = {Execution(b, d, w): r for b, d, w, r in zip(plain["backend"], plain["dtype"], plain["weights"],
                                                          plain["tokens_per_s"])}
-    ranked = plan.execution.fastest_ar
+    ranked = plan.execution.fastest_plain
     if ranked not in rates or len(rates) < 2:
         return lines
     fastest = max(rates, key=rates.get)
@@ -157,7 +158,7 @@ def _why_slower(summary: pd.DataFrame) -> list[str]:
     by_label = summary.set_index("method")
     lines = []
     for _, row in summary.iterrows():
-        ref = row["fastest_ar"]
+        ref = row["fastest_plain"]
         if not (row["speedup"] < 1) or ref not in by_label.index or row["method"] == ref or pd.isna(row["tau"]) \
                 or row["mean_tree_size"] < 1.5:  # plain decoding on a slower execution: the table's row says it all
             continue
@@ -188,7 +189,7 @@ def _with_streaming(summary: pd.DataFrame, drafters: dict[str, Drafter], target,
     for _, row in summary.iterrows():
         drafter = drafters.get(row["method"])
         draft = drafter.cost().draft if drafter is not None else None
-        plain = isinstance(drafter, AutoregressiveDrafter)
+        plain = isinstance(drafter, PlainDrafter)
         rows.append(project_llmcad(row, hw, shape, draft or shape) if draft or plain else {})
     return pd.concat([summary, pd.DataFrame(rows, index=summary.index)], axis=1)
 

@@ -18,7 +18,7 @@ from specbench.errors import SpecbenchError
 
 SCALARS = ["tau", "tokens_per_s", "decode_tokens_per_s", "speedup", "speedup_ci_low", "speedup_ci_high", "overhead",
            "ideal_speedup", "efficiency", "projected_speedup", "lossless_match", "method_mem_mb", "framework_ms_per_step",
-           "speedup_mean_of_ratios", "speedup_vs_baseline"]
+           "speedup_mean_of_ratios", "speedup_vs_own_plain"]
 
 
 def check_logger(logger_cfg) -> None:

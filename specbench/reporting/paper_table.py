@@ -24,6 +24,7 @@ import yaml
 
 from specbench.config import CONF_DIR
 from specbench.errors import SpecbenchError
+from specbench.names import current_columns
 
 KINDS = ("MEASURED", "PROJECTED")
 MACHINE = ["cpu_model", "cpu_capability", "threads", "gpu_name", "torch_version", "git_commit"]
@@ -122,7 +123,7 @@ def to_markdown(frame: pd.DataFrame, paper: dict, command: str, machine: str) ->
     if frame["quantity"].astype(str).str.contains("speedup").any() or any("speedup" in str(r.get("column", ""))
                                                                             for r in paper["rows"]):
         lines += ["", "`speedup` is against the fastest plain decoding of the same weights measured in the run "
-                      "(`fastest_ar`), as the papers compare; `speedup_any` against the fastest of any weights."]
+                      "(`fastest_plain`), as the papers compare; `speedup_any` against the fastest of any weights."]
     return "\n".join(lines) + "\n"
 
 
@@ -135,7 +136,7 @@ def write_report(run: str | Path, paper_path: str | Path, out: str | Path, comma
     if not source.is_file():
         raise SpecbenchError(f"report.run='{run}' has no {paper['table']}; give the folder the seed's experiment "
                              f"wrote (python run.py experiment=...)")
-    table = pd.read_csv(source)
+    table = current_columns(pd.read_csv(source))
     frame = paper_table(table, paper)
     out.mkdir(parents=True, exist_ok=True)
     shipped = out / "run"

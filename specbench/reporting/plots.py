@@ -23,10 +23,9 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from specbench.drafters.autoregressive import AutoregressiveDrafter  # noqa: E402
 from specbench.execution.value import Execution  # noqa: E402
+from specbench.names import PLAIN  # noqa: E402
 
-BASELINE = AutoregressiveDrafter.name
 # 12 colours told apart in print (tab10 but its grey, which marks plain decoding, and three more), each paired
 # with its own marker
 COLORS = [c for i, c in enumerate(plt.get_cmap("tab10").colors) if i != 7] + ["#000000", "#8c6d31", "#393b79"]
@@ -43,12 +42,12 @@ def style(i: int) -> dict:
 def method_styles(labels) -> dict[str, dict]:
     """Each label's style, the same in every plot of a run: plain decoding grey, the others in order."""
     labels = list(dict.fromkeys(labels))
-    drafting = [m for m in labels if not _is_baseline(m)]
-    return {m: {"color": "grey", "marker": "x"} if _is_baseline(m) else style(drafting.index(m)) for m in labels}
+    drafting = [m for m in labels if not _is_plain(m)]
+    return {m: {"color": "grey", "marker": "x"} if _is_plain(m) else style(drafting.index(m)) for m in labels}
 
 
-def _is_baseline(label: str) -> bool:
-    return label == BASELINE or label.startswith(f"{BASELINE}@")
+def _is_plain(label: str) -> bool:
+    return label == PLAIN or label.startswith(f"{PLAIN}@")
 
 
 def caption(summary: pd.DataFrame) -> str:
@@ -66,7 +65,7 @@ def _device(summary: pd.DataFrame, one) -> str:
 
 def with_budgets(summary: pd.DataFrame, settings: dict) -> pd.DataFrame:
     """The summary with each label's method_name and tree_budget (nodes per verification forward), read from the
-    run's settings.json; the baseline has no tree (NaN)."""
+    run's settings.json; plain decoding has no tree (NaN)."""
     methods = settings["methods"]
 
     def budget(label: str, mean_tree: float) -> float:
@@ -95,7 +94,7 @@ def save_plots(records: pd.DataFrame, summary: pd.DataFrame, out_dir: str | Path
         figures["accept_lengths"] = accept_lengths_figure(records, summary)
     if several_budgets(table):
         figures["speed_vs_budget"] = budget_figure(table)
-    if "category" in records and BASELINE in set(records["method"]):
+    if "category" in records and PLAIN in set(records["method"]):
         figures["per_category"] = category_figure(records, summary)
     if latency_profile is not None and not latency_profile.empty:
         figures["latency_profile"] = latency_figure(latency_profile, summary)
@@ -147,10 +146,10 @@ def speed_figure(summary: pd.DataFrame) -> Figure:
     err = np.vstack([mean - summary["speedup_ci_low"], summary["speedup_ci_high"] - mean]).clip(min=0)
     ax1.barh(y, mean, xerr=np.nan_to_num(err), capsize=3, color=colors)
     right = np.fmax(mean, summary["speedup_ci_high"].to_numpy(dtype=float))  # the label clears the error bar
-    if "speedup_any" in summary and (summary["fastest_ar_any"] != summary["fastest_ar"]).any():
+    if "speedup_any" in summary and (summary["fastest_plain_any"] != summary["fastest_plain"]).any():
         anyw = summary["speedup_any"].to_numpy(dtype=float)
         ax1.scatter(anyw, y, marker="D", s=18, color="black", zorder=3,
-                    label=f"over the fastest plain decoding\nof any weights: {_fastest(summary, 'fastest_ar_any')}")
+                    label=f"over the fastest plain decoding\nof any weights: {_fastest(summary, 'fastest_plain_any')}")
         ax1.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.35 - 0.6 / n), frameon=False)
         right = np.fmax(right, anyw)
     for yi, (value, x) in enumerate(zip(mean, right)):
@@ -201,10 +200,10 @@ def budget_figure(table: pd.DataFrame, budget: str = "tree_budget", family: str 
 def category_figure(records: pd.DataFrame, summary: pd.DataFrame) -> Figure:
     """Speedup per category: a method's tokens/s over the fastest plain decoding's on that category's prompts
     (Spec-Bench's ratio of means), tau written at each bar. One panel per category, methods in the summary's order."""
-    methods = [m for m in summary["method"] if not _is_baseline(m)]
-    reference = dict(zip(summary["method"], summary["fastest_ar"].fillna(BASELINE))) if "fastest_ar" in summary \
+    methods = [m for m in summary["method"] if not _is_plain(m)]
+    reference = dict(zip(summary["method"], summary["fastest_plain"].fillna(PLAIN))) if "fastest_plain" in summary \
         else {}
-    fastest = ", ".join(dict.fromkeys(reference.get(m, BASELINE) for m in methods))  # the plotted methods' own
+    fastest = ", ".join(dict.fromkeys(reference.get(m, PLAIN) for m in methods))  # the plotted methods' own
     categories = list(dict.fromkeys(records["category"]))
     rate = records.groupby(["category", "method"])[["new_tokens", "wall_time"]].sum()
     speed = rate["new_tokens"] / rate["wall_time"]
@@ -217,7 +216,7 @@ def category_figure(records: pd.DataFrame, summary: pd.DataFrame) -> Figure:
     y = np.arange(len(methods))
     colors = [method_styles(summary["method"])[m]["color"] for m in methods]
     for ax, cat in zip(axes.flat, categories):
-        ratio = [speed.get((cat, m), np.nan) / speed.get((cat, reference.get(m, BASELINE)), np.nan) for m in methods]
+        ratio = [speed.get((cat, m), np.nan) / speed.get((cat, reference.get(m, PLAIN)), np.nan) for m in methods]
         ax.barh(y, ratio, color=colors)
         ax.axvline(1.0, color="grey", lw=0.8, ls="--")
         for yi, (r, m) in enumerate(zip(ratio, methods)):
@@ -352,14 +351,14 @@ def quality_figure(summary: pd.DataFrame) -> Figure:
     hollow markers: off the band they would be a bug, where a lossy rule's distance below it is its cost."""
     rows = summary[summary["pass1"].notna()]
     fig, ax = plt.subplots(figsize=(8.5, 4.8))
-    others = [m for m in rows["method"] if m != BASELINE]  # a tuned backbone's plain decoding gets its own colour
-    styles = {BASELINE: {"color": "grey", "marker": "X"}} | {m: style(i) for i, m in enumerate(others)}
-    greedy = rows[rows["method"] == BASELINE]
+    others = [m for m in rows["method"] if m != PLAIN]  # a tuned backbone's plain decoding gets its own colour
+    styles = {PLAIN: {"color": "grey", "marker": "X"}} | {m: style(i) for i, m in enumerate(others)}
+    greedy = rows[rows["method"] == PLAIN]
     if len(greedy):
         g = greedy.iloc[0]
         ax.axhspan(100 * g["pass1_ci_low"], 100 * g["pass1_ci_high"], color="grey", alpha=0.15, lw=0)
         ax.axhline(100 * g["pass1"], color="grey", lw=0.9, ls="--",
-                   label=f"greedy ({BASELINE}) pass@1 {100 * g['pass1']:.1f}%, 95% CI band")
+                   label=f"greedy ({PLAIN}) pass@1 {100 * g['pass1']:.1f}%, 95% CI band")
     ax.axvline(1.0, color="grey", lw=0.8, ls=":")
     for _, row in rows.iterrows():
         x, y = float(row["speedup"]), 100 * float(row["pass1"])
@@ -378,21 +377,21 @@ def quality_figure(summary: pd.DataFrame) -> Figure:
     return _finish(fig, "Quality against speed: pass@1 by execution and speedup per method", summary)
 
 
-def _fastest(table: pd.DataFrame, column: str = "fastest_ar") -> str:
-    """The plain decoding every speedup in `table` is judged against (older summaries: the baseline), with its
-    execution; column fastest_ar_any: the fastest of any weights."""
+def _fastest(table: pd.DataFrame, column: str = "fastest_plain") -> str:
+    """The plain decoding every speedup in `table` is judged against (older summaries: the run's own plain decoding), with its
+    execution; column fastest_plain_any: the fastest of any weights."""
     names = list(dict.fromkeys(table[column].dropna())) if column in table else []
     if (len(names) == 1 and "@" not in str(names[0]) and {"backend", "dtype"} <= set(table)
-            and (table["method"] == names[0]).any()):  # autoregressive@<execution> names its execution already
+            and (table["method"] == names[0]).any()):  # plain@<execution> names its execution already
         row = table[table["method"] == names[0]].iloc[0]  # name its execution: which plain decoding was fastest
         weights = row.get("weights")  # a quantised target is an execution of its own: name its weights
         return f"{names[0]}, " + Execution(row["backend"], row["dtype"], "fp" if pd.isna(weights) else weights).label
-    return ", ".join(map(str, names)) or BASELINE
+    return ", ".join(map(str, names)) or PLAIN
 
 
 def _drafting(table: pd.DataFrame, budget: str) -> pd.DataFrame:
     """The rows of methods that verify a tree: plain decoding (at any dtype) has none, whatever a sweep set."""
-    return table[table[budget].notna() & ~table["method_name"].astype(str).map(_is_baseline)]
+    return table[table[budget].notna() & ~table["method_name"].astype(str).map(_is_plain)]
 
 
 def _dodge(i: int, n: int) -> float:

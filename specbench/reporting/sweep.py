@@ -12,6 +12,8 @@ import pandas as pd
 import yaml
 from hydra.experimental.callback import Callback
 
+from specbench.names import current_columns
+
 # plots and paper_table are imported where a multirun ends: Hydra instantiates this callback at the start of every run,
 # and their imports (matplotlib, the drafters) would delay even a one-line refusal of a bad setting
 
@@ -31,7 +33,7 @@ def sweep_summary(sweep_dir: str | Path) -> pd.DataFrame | None:
     for name in (name for name in names if (sweep_dir / name / "summary.csv").is_file()):
         overrides = yaml.safe_load((sweep_dir / name / ".hydra" / "overrides.yaml").read_text()) or []
         settings = dict(o.split("=", 1) for o in overrides if "=" in o and not o.startswith(("hydra.", "experiment=")))
-        frame = pd.read_csv(sweep_dir / name / "summary.csv")
+        frame = current_columns(pd.read_csv(sweep_dir / name / "summary.csv"))
         frames.append(frame.assign(job=name, **{k: v for k, v in settings.items() if k not in frame}))
         jobs.append(settings)
     if not frames:

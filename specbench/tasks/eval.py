@@ -1,4 +1,4 @@
-"""task=eval: plan -> decode -> summarise. The baseline and every listed method decode the dataset interleaved per
+"""task=eval: plan -> decode -> summarise. Plain decoding and every listed method decode the dataset interleaved per
 prompt into records.jsonl; the summary, plots and logger files come from those records.
 
 Settings are checked before anything loads (evaluation/plan.py: request), the run folder's settings before the
@@ -13,10 +13,11 @@ from hydra.types import RunMode
 
 from specbench.config import build
 from specbench.evaluation.evaluator import Evaluator
-from specbench.evaluation.metrics import BASELINE
+
 from specbench.evaluation.plan import plan_runs, request
 from specbench.evaluation.run_folder import open_run_folder, provenance
 from specbench.evaluation.summary import summarise
+from specbench.names import PLAIN
 from specbench.reporting.paper_table import report_after_run
 from specbench.tasks._common import run_dir, setup_target
 from specbench.tasks.report import command_line
@@ -31,7 +32,7 @@ def run(cfg, overrides: list[str] | None = None) -> pd.DataFrame:
         plan = plan_runs(cfg, req, hw, loaded, out)
         evaluator = Evaluator(plan.target, plan.runs, req.sampling, build(cfg.dataset), plan.settings, out,
                               provenance(cfg, plan.execution.dtype, plan.execution.backend, plan.execution.weights),
-                              plan.settings_hash[BASELINE])
+                              plan.settings_hash[PLAIN])
         records = evaluator.run()
         summary = summarise(cfg, plan, hw, records, {r.label: r.drafter for r in evaluator.runs}, evaluator.memory(),
                             out)

@@ -87,5 +87,5 @@ class HardwareAwarePolicy(GreedyPolicy):
     def build(self, root, expander):
         if self.latency_ms is None:
             raise SpecbenchError("tree=hardware_aware has no latency curve: the evaluator fits it from the machine "
-                                 "profile (eval.dtype=auto or eval.fastest_ar=true) or the hw roofline")
+                                 "profile (eval.dtype=auto or eval.fastest_plain=true) or the hw roofline")
         return super().build(root, expander)

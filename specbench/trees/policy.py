@@ -93,7 +93,7 @@ class TreePolicy(ABC):
     def __init__(self, budget: int) -> None:
         if not isinstance(budget, int) or isinstance(budget, bool) or budget < 2:
             raise SpecbenchError(f"tree.budget={budget!r} is invalid: it counts the root, so it must be an integer "
-                                 f">= 2 (use method=autoregressive for no draft at all)")
+                                 f">= 2 (use method=plain for no draft at all)")
         self.budget = budget
 
     @abstractmethod

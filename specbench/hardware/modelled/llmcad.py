@@ -60,7 +60,7 @@ def streaming_latency(target: ModelShape, draft: ModelShape, hw: HardwareSpec, t
 def project_llmcad(row: Mapping, hw: HardwareSpec, target: ModelShape, draft: ModelShape, context: float = 256,
                    dtype: str | None = None) -> dict[str, float]:
     """projected_* columns for one summary row (its tau and mean_tree_size) when hw.memory_gb, the memory budget,
-    cannot hold the target's weights at the board's dtype; {} when it can. A row without drafts (autoregressive)
+    cannot hold the target's weights at the board's dtype; {} when it can. A row without drafts (plain)
     gets plain streaming decoding. The draft forwards per step are taken as mean_tree_size - 1: exact for a chain,
     an upper bound for a tree (one forward can add several branches)."""
     tau, tree_size = float(row["tau"]), float(row["mean_tree_size"])

@@ -1,11 +1,12 @@
-"""Autoregressive decoding as a drafter that proposes nothing: the baseline runs through the same decoder loop."""
+"""Plain decoding as a drafter that proposes nothing: plain decoding runs through the same decoder loop."""
 
 from specbench.drafters.base import DecodeState, Drafter
+from specbench.names import PLAIN
 from specbench.trees.token_tree import TokenTree
 
 
-class AutoregressiveDrafter(Drafter):
-    name = "autoregressive"
+class PlainDrafter(Drafter):
+    name = PLAIN
 
     def __init__(self, target=None, tree=None) -> None:
         """Proposes nothing, whatever the budget."""
