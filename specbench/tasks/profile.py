@@ -94,8 +94,9 @@ def run(cfg) -> pd.DataFrame:
               f"{target.model.dtype} (teacher-forced over {cfg.eval.profile_agreement} held-out ShareGPT "
               f"conversations):")
         print(fidelity.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
-    title = (f"{target.name} on {info['cpu_model']} ({info['cpu_capability']}, {info['threads']} threads): "
-             f"measured vs roofline of measured peaks")
+    host = f"{info['cpu_model']} ({info['cpu_capability']}, {info['threads']} threads)"
+    on = f"{info['gpu_name']} (host {host})" if info.get("gpu_name") else host  # a GPU's profile times the GPU
+    title = f"{target.name} on {on}: measured vs roofline of measured peaks"
     if "loadavg_1min" in info:
         before, after = info["loadavg_1min"]
         title += f"\n1-min load while measuring: {before:.1f} -> {after:.1f} on {info['cpus']} CPUs"
