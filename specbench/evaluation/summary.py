@@ -153,8 +153,8 @@ def _plan_disagreements(summary: pd.DataFrame, plan: Plan) -> list[str]:
 
 
 def _why_slower(summary: pd.DataFrame) -> list[str]:
-    """One line per method slower than its reference: tokens a step against what a step costs in plain steps of
-    the reference (a step's time is tau / decode tokens/s; the reference's, one token's)."""
+    """One line per method slower than its reference: tokens a step against what a step costs in steps of the
+    reference, a plain decoding (a step's time is tau / decode tokens/s; the reference's, one token's)."""
     by_label = summary.set_index("method")
     lines = []
     for _, row in summary.iterrows():
@@ -166,7 +166,7 @@ def _why_slower(summary: pd.DataFrame) -> list[str]:
         what = f"a {row['mean_tree_size']:.0f}-row verify" + (f" and {row['draft_ms_per_step']:.1f} ms of drafting"
                                                              if row["draft_ms_per_step"] >= 0.5 else "")
         lines.append(f"{row['method']} is slower than {ref}: it accepted {row['tau']:.2f} tokens a step, and a step "
-                     f"({what}) cost {cost:.2f} plain steps of {ref} here")
+                     f"({what}) cost {cost:.2f} steps of {ref} here")
     return lines
 
 
