@@ -9,6 +9,7 @@ import os
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from omegaconf import OmegaConf
 
 from specbench.errors import SpecbenchError
@@ -49,6 +50,21 @@ def grid_profile(ms: dict) -> MachineProfile:
     frame = pd.DataFrame([{"backend": "eager", "dtype": "float32", "context": c, "tokens": n, "ms": v}
                           for (n, c), v in ms.items()])
     return MachineProfile({}, "cpu", "toy", PEAKS, frame)
+
+
+def test_a_dtype_asked_for_is_measured_however_fast_a_cached_other_dtype_ran(tiny, measuring, monkeypatch):
+    """A profile in bfloat16, then one asked for float32 alone (task=profile eval.dtype=float32 on a GPU, where bf16
+    runs 3x faster): float32 is measured, not recorded as dominated by the cached bfloat16 curve."""
+    def slow_fp32(model, sizes, contexts, repeats, statistic):
+        frame = fake_latency(model, sizes, contexts, repeats, statistic)
+        return frame.assign(ms=frame["ms"] * 3) if next(model.parameters()).dtype == torch.float32 else frame
+
+    monkeypatch.setattr(machine_profile, "latency_profile", lambda *a, **k: measuring.append(a) or slow_fp32(*a, **k))
+    load_or_measure_profile(tiny, dtypes=["bfloat16"], sizes=SIZES, contexts=CONTEXTS, repeats=1, backends=["eager"])
+    profile = load_or_measure_profile(tiny, dtypes=["float32"], sizes=SIZES, contexts=CONTEXTS, repeats=1,
+                                      backends=["eager"])
+    assert "eager/float32" not in profile.machine.get("unsupported", {})
+    assert {("eager", "bfloat16", "fp"), ("eager", "float32", "fp")} <= set(profile.executions)
 
 
 def test_a_quantised_execution_slower_at_both_ends_is_recorded_not_measured(tiny, measuring, monkeypatch):

@@ -302,7 +302,7 @@ def _measure_profile(target: LoadedModel, path: Path, dtypes, sizes, contexts, r
                 # openvino compresses the float weights itself (Execution.apply hands it them)
                 run = Execution(backend, name, fmt).apply(target) if backend == OPENVINO else with_backend(cast, backend)
                 if Execution(backend, name, fmt) in to_time:
-                    why = _dominated(run.model, fmt, frames, sizes, contexts[0])
+                    why = _dominated(run.model, fmt, frames, sizes, contexts[0], dtypes)
                     if why:
                         unsupported[label] = why
                         print(f"  {label}: not measured: {why}")
@@ -340,15 +340,17 @@ def _measure_profile(target: LoadedModel, path: Path, dtypes, sizes, contexts, r
 DOMINATED = 2.0  # an execution this many times slower than a measured one at both ends is not measured
 
 
-def _dominated(model, weights: str, frames: list[pd.DataFrame], sizes: list[int], context: int) -> str | None:
+def _dominated(model, weights: str, frames: list[pd.DataFrame], sizes: list[int], context: int,
+               dtypes: list[str]) -> str | None:
     """Why an execution need not be measured: one forward at the smallest and the largest size, both at least
-    DOMINATED x the fastest execution measured so far (quantised kernels that do not vectorise an activation dtype, as
-    int4 with fp32 activations on a CPU, or oneDNN's bf16 packing on a CPU without native bf16, take minutes to
-    profile and can win nothing). A float execution is compared with float ones only, so the float weights' fastest
-    plain decoding, the headline's reference, is always measured."""
+    DOMINATED x the fastest execution of the dtypes asked for measured so far (quantised kernels that do not vectorise
+    an activation dtype, as int4 with fp32 activations on a CPU, or oneDNN's bf16 packing on a CPU without native
+    bf16, take minutes to profile and can win nothing). A float execution is compared with float ones only, so the
+    float weights' fastest plain decoding, the headline's reference, is always measured; and a dtype asked for is
+    never dominated by a cached one of another dtype (a GPU's bf16 profile does not stop a float32 one)."""
     measured = pd.concat(frames) if frames else None
-    if measured is not None and weights == "fp":
-        measured = measured[measured["weights"] == "fp"]
+    if measured is not None:
+        measured = measured[measured["dtype"].isin(dtypes) & ((measured["weights"] == "fp") | (weights != "fp"))]
     if measured is None or measured.empty:
         return None
     ends = [sizes[0], sizes[-1]] if len(sizes) > 1 else sizes
