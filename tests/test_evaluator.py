@@ -72,6 +72,14 @@ def test_a_killed_run_resumes_without_duplicates_or_losses(tmp_path, monkeypatch
     assert records[:4] == partial  # nothing already written was lost or rewritten
 
 
+def test_a_run_without_plain_decoding_ends_with_its_summary_and_plots(tmp_path):
+    """eval.plain=false decodes the methods alone: no speedup exists, and the run still writes its summary and every
+    plot (the speed plot's axis once failed on speedups that are all NaN, after every prompt had decoded)."""
+    summary = eval_task.run(compose_cfg([*FAST, "eval.num_prompts=2", "eval.plain=false"], tmp_path))
+    assert list(summary["method"]) == ["pld"] and summary["speedup"].isna().all()
+    assert (tmp_path / "summary.csv").exists() and (tmp_path / "plots" / "speed.png").stat().st_size > 0
+
+
 def test_sampling_runs_report_a_distribution_check_instead_of_token_equality(tmp_path):
     summary = eval_task.run(compose_cfg([*FAST, "sampling=sample", "eval.latency_profile=false"], tmp_path))
     row = summary.set_index("method").loc["pld"]
