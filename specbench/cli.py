@@ -13,6 +13,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
 import specbench.config  # noqa: F401  (registers the resolvers the configs use)
+from specbench.names import OLD_SETTINGS
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is fetched from a hub at run time
 
@@ -54,13 +55,11 @@ def unknown_experiment(args: list[str]) -> str | None:
 def renamed_setting(args: list[str]) -> str | None:
     """A setting or method that took plain decoding's one name (specbench/names.py): Hydra would answer its old name
     with a struct error of several lines; this names the new one."""
-    renamed = {"eval.fastest_ar": "eval.fastest_plain", "eval.baseline": "eval.plain", "method=autoregressive":
-               "method=plain"}
     for arg in args:
         key, _, value = arg.lstrip("+~").partition("=")
         for old in (f"{key}={value}", key):
-            if old in renamed:
-                new = renamed[old] + ("" if "=" in old else f"={value}")
+            if old in OLD_SETTINGS:
+                new = OLD_SETTINGS[old] + ("" if "=" in old else f"={value}")
                 return f"{arg} is invalid: plain decoding's settings and method are named plain now; give {new}"
     return None
 

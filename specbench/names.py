@@ -10,6 +10,9 @@ PLAIN = "plain"
 OLD_PLAIN = "autoregressive"
 OLD_COLUMNS = {"fastest_ar": "fastest_plain", "fastest_ar_any": "fastest_plain_any",
                "speedup_vs_baseline": "speedup_vs_own_plain"}
+# the command line's old settings (a key, or key=value) and what replaced them
+OLD_SETTINGS = {"eval.fastest_ar": "eval.fastest_plain", "eval.baseline": "eval.plain",
+                f"method={OLD_PLAIN}": f"method={PLAIN}"}
 # the record fields and summary columns that hold a method's label
 LABEL_FIELDS = ("method", "method_name", "reference", "fastest_plain", "fastest_plain_any", "agreement_reference")
 
