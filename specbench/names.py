@@ -17,6 +17,12 @@ OLD_SETTINGS = {"eval.fastest_ar": "eval.fastest_plain", "eval.baseline": "eval.
 LABEL_FIELDS = ("method", "method_name", "reference", "fastest_plain", "fastest_plain_any", "agreement_reference")
 
 
+def is_plain(label: str) -> bool:
+    """Whether `label` names plain decoding: the run's own (PLAIN) or one on another execution (PLAIN@<what differs>);
+    a method's label that merely begins with the word does not."""
+    return label == PLAIN or label.startswith(f"{PLAIN}@")
+
+
 def current_label(value):
     """`value` with plain decoding's old name (alone or as `autoregressive@<execution>`) replaced by PLAIN."""
     if isinstance(value, str) and (value == OLD_PLAIN or value.startswith(OLD_PLAIN + "@")):

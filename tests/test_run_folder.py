@@ -182,6 +182,15 @@ def test_a_label_naming_plain_decoding_is_refused(methods, tmp_path):
         resolve_entries(compose_cfg([f"methods={methods}"], tmp_path))
 
 
+def test_a_label_that_only_begins_with_plain_is_a_method_of_its_own(tmp_path):
+    """plain and plain@<execution> name plain decoding; plain-4 (say, PLD at 4 nodes) is just a label."""
+    from specbench.names import is_plain
+
+    assert is_plain("plain") and is_plain("plain@eager/bfloat16") and not is_plain("plain-4")
+    entries = resolve_entries(compose_cfg(["methods=[{method:pld,label:plain-4}]"], tmp_path))
+    assert [e.label for e in entries] == ["plain-4"]
+
+
 def test_a_single_method_cannot_take_plain_decodings_name(tmp_path):
     with pytest.raises(SpecbenchError, match="method.name=plain is invalid: it names plain decoding"):
         resolve_entries(compose_cfg(["method=pld", "method.name=plain"], tmp_path))

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from specbench.names import PLAIN, current_columns, is_plain
+
 PLAIN_TOK_S, SPEEDUP, ROOFLINE_PCT = 300.0, 1.5, 20.0
-PLAIN = "plain"
 
 
 def verdict(ok: bool) -> str:
@@ -34,7 +35,7 @@ def started(run: Path) -> int:
 
 
 def decoding(run: Path) -> None:
-    summary = pd.read_csv(run / "summary.csv")
+    summary = current_columns(pd.read_csv(run / "summary.csv"))  # a run written before plain decoding had one name
     columns = ["method", "backend", "dtype", "num_prompts", "tau", "mean_tree_size", "tokens_per_s",
                "speedup_vs_own_plain", "draft_ms_per_step", "verify_ms_per_step", "lossless_match"]
     with pd.option_context("display.width", 200, "display.max_columns", 20, "display.precision", 2):
@@ -47,7 +48,7 @@ def decoding(run: Path) -> None:
           f"{plain['tokens_per_s']:.1f} tok/s (goal >= {PLAIN_TOK_S:g}): {verdict(fast)}"
           + (f"; eager plain decoding {eager['tokens_per_s'].iloc[0]:.1f} tok/s, captured "
              f"{plain['tokens_per_s'] / eager['tokens_per_s'].iloc[0]:.1f}x it" if len(eager) else ""))
-    methods = summary[~summary["method"].str.startswith(PLAIN) & summary["lossless_rule"].astype(bool)]
+    methods = summary[~summary["method"].map(is_plain) & summary["lossless_rule"].astype(bool)]
     if len(methods):
         best = methods.loc[methods["speedup_vs_own_plain"].idxmax()]
         print(f"2. best lossless method: {best['method']} {best['speedup_vs_own_plain']:.2f}x captured plain decoding "

@@ -30,7 +30,7 @@ from specbench.execution.backends import OPENVINO, with_backend
 from specbench.execution.openvino import OpenVinoLinear
 from specbench.models.loading import LoadedModel
 from specbench.models.published.files import content_fingerprint
-from specbench.names import PLAIN
+from specbench.names import PLAIN, is_plain
 from specbench.trees.policy import TreePolicy
 
 PER_METHOD = ("method", "tree", "accept")  # the config nodes an entry owns; everything else is the run's
@@ -120,7 +120,7 @@ def resolve_entries(cfg: DictConfig, run_overrides: list[str] = ()) -> list[Meth
 
 
 def is_plain_label(label: str) -> bool:
-    return label in (PLAIN, HF_GENERATE) or label.startswith(f"{PLAIN}@")
+    return is_plain(label) or label == HF_GENERATE
 
 
 def check_label(label: str, where: str, fix: str) -> None:

@@ -27,7 +27,7 @@ from specbench.hardware.modelled.roofline import roofline_step_time
 from specbench.hardware.modelled.spec import HardwareSpec
 from specbench.execution.value import Execution
 from specbench.models.shape import ModelShape
-from specbench.names import PLAIN
+from specbench.names import PLAIN, is_plain
 from specbench.reporting.loggers import log_run
 from specbench.reporting.plots import save_plots
 
@@ -130,14 +130,14 @@ def _plan_disagreements(summary: pd.DataFrame, plan: Plan) -> list[str]:
     fastest that this run measured slower than another by more than PLAN_MARGIN (both are marked stale in the
     cached profile, so the next run measures them again)."""
     lines = []
-    drafting = summary[~summary["method"].str.startswith(PLAIN) & (summary["row_check"] == DIFFERS)]
+    drafting = summary[~summary["method"].map(is_plain) & (summary["row_check"] == DIFFERS)]
     for note, group in drafting.groupby("row_check_note", sort=False):
         execution = Execution(group["backend"].iloc[0], group["dtype"].iloc[0], group["weights"].iloc[0])
         lines.append(f"{execution.label}: {note} in this machine's row check: losslessness is not promised on this "
                      f"CPU for {', '.join(group['method'])} (the lossless column measures it)")
     if plan.machine is None:
         return lines
-    plain = summary[summary["method"].str.startswith(PLAIN) & summary["dtype"].map(lambda d: isinstance(d, str))]
+    plain = summary[summary["method"].map(is_plain) & summary["dtype"].map(lambda d: isinstance(d, str))]
     rates = {Execution(b, d, w): r for b, d, w, r in zip(plain["backend"], plain["dtype"], plain["weights"],
                                                          plain["tokens_per_s"])}
     ranked = plan.execution.fastest_plain

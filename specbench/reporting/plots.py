@@ -24,7 +24,7 @@ import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from specbench.execution.value import Execution  # noqa: E402
-from specbench.names import PLAIN  # noqa: E402
+from specbench.names import PLAIN, is_plain  # noqa: E402
 
 # 12 colours told apart in print (tab10 but its grey, which marks plain decoding, and three more), each paired
 # with its own marker
@@ -42,12 +42,8 @@ def style(i: int) -> dict:
 def method_styles(labels) -> dict[str, dict]:
     """Each label's style, the same in every plot of a run: plain decoding grey, the others in order."""
     labels = list(dict.fromkeys(labels))
-    drafting = [m for m in labels if not _is_plain(m)]
-    return {m: {"color": "grey", "marker": "x"} if _is_plain(m) else style(drafting.index(m)) for m in labels}
-
-
-def _is_plain(label: str) -> bool:
-    return label == PLAIN or label.startswith(f"{PLAIN}@")
+    drafting = [m for m in labels if not is_plain(m)]
+    return {m: {"color": "grey", "marker": "x"} if is_plain(m) else style(drafting.index(m)) for m in labels}
 
 
 def caption(summary: pd.DataFrame) -> str:
@@ -201,7 +197,7 @@ def budget_figure(table: pd.DataFrame, budget: str = "tree_budget", family: str 
 def category_figure(records: pd.DataFrame, summary: pd.DataFrame) -> Figure:
     """Speedup per category: a method's tokens/s over the fastest plain decoding's on that category's prompts
     (Spec-Bench's ratio of means), tau written at each bar. One panel per category, methods in the summary's order."""
-    methods = [m for m in summary["method"] if not _is_plain(m)]
+    methods = [m for m in summary["method"] if not is_plain(m)]
     reference = dict(zip(summary["method"], summary["fastest_plain"].fillna(PLAIN))) if "fastest_plain" in summary \
         else {}
     fastest = ", ".join(dict.fromkeys(reference.get(m, PLAIN) for m in methods))  # the plotted methods' own
@@ -392,7 +388,7 @@ def _fastest(table: pd.DataFrame, column: str = "fastest_plain") -> str:
 
 def _drafting(table: pd.DataFrame, budget: str) -> pd.DataFrame:
     """The rows of methods that verify a tree: plain decoding (at any dtype) has none, whatever a sweep set."""
-    return table[table[budget].notna() & ~table["method_name"].astype(str).map(_is_plain)]
+    return table[table[budget].notna() & ~table["method_name"].astype(str).map(is_plain)]
 
 
 def _dodge(i: int, n: int) -> float:
