@@ -115,10 +115,10 @@ class Drafter(ABC):
         run's backend: `run_on` applies it. They are derived on eager because a compiled or prepacked forward cannot
         be sliced or LoRA-merged."""
 
-    def heads_on(self, run_linear: Callable[[torch.nn.Linear], torch.nn.Module]) -> None:
-        """Run the vocabulary projections this drafter computes every step (EAGLE's draft LM head, Medusa's tied one)
-        by `run_linear`, a faster kernel of the run's backend for one nn.Linear. They only draft, so the verify still
-        decides every token; a drafter without one keeps this no-op."""
+    def on_openvino(self) -> None:
+        """The run verifies on OpenVINO: run what this drafter computes every step there too (Medusa's tied LM head
+        as an int8 OpenVinoLinear, EAGLE's whole head as one call per tree level). It only drafts, so the verify still
+        decides every token; a drafter without such a module keeps this no-op."""
 
     # ms one step of drafting a static tree of these paths (Medusa's choices) costs here, measured by the drafter
     # itself; None: not measured, and a hardware-aware tree then counts the target's L(n) alone

@@ -31,6 +31,7 @@ from specbench.drafters.base import DecodeState, Drafter, StepOutcome
 from specbench.errors import SpecbenchError
 from specbench.models.published import load_drafter_checkpoint, published_eagle_head
 from specbench.execution.backends import supported, with_backend
+from specbench.execution.openvino import OpenVinoEagleHead
 from specbench.models.loading import LoadedModel
 from specbench.sampling import SamplingParams
 from specbench.timing import StepTimer
@@ -138,8 +139,11 @@ class EagleDrafter(Drafter):
         self.generator: torch.Generator | None = None  # policies sample children when this is set
         self.cache = DynamicCache()
 
-    def heads_on(self, run_linear) -> None:
-        self.head.lm_head = run_linear(self.head.lm_head)
+    def on_openvino(self) -> None:
+        """The whole head, its draft LM head included, as one OpenVINO call per tree level (execution/openvino/
+        draft_head.py says why)."""
+        self.head = OpenVinoEagleHead(self.head)
+        self._level_ms = None  # draft_ms measures the head that drafts
 
     def on_backend(self, run_on) -> None:
         """The head runs on the run's backend, as the target does: eager bf16 linears repack their weights on every
@@ -188,11 +192,11 @@ class EagleDrafter(Drafter):
         lacks (the root's own row, target feature and root token, is the last of them)."""
         if nodes == [0]:
             features, tokens = self._pending
-            out = self.head(self.head.fuse(features.to(self.head.fc.weight.dtype)[None]), self._embed(tokens),
-                            past_key_values=self.cache)
+            out, logits = self._draft(self.head.fuse(features.to(self.head.fc.weight.dtype)[None]),
+                                      self._embed(tokens), past_key_values=self.cache)
             self._committed = self.cache.get_seq_length()
             self._features[0] = out[0, -1]
-            return self._draft_probs(out[0, -1:])
+            return self._draft_probs(logits[0, -1:])
         past = self.cache.get_seq_length()
         mask = torch.zeros(len(nodes), past + len(nodes), dtype=torch.bool)
         mask[:, : self._committed] = True
@@ -205,19 +209,28 @@ class EagleDrafter(Drafter):
         device = self.embed.weight.device
         positions = torch.tensor([self._committed - 1 + tree.depths[n] for n in nodes], device=device)
         parents = torch.stack([self._features[tree.parents[n]] for n in nodes])
-        out = self.head(parents[None], self._embed([tree.tokens[n] for n in nodes]),
-                        attention_mask=mask[None, None].to(device), position_ids=positions[None],
-                        past_key_values=self.cache)
+        out, logits = self._draft(parents[None], self._embed([tree.tokens[n] for n in nodes]),
+                                  attention_mask=mask[None, None].to(device), position_ids=positions[None],
+                                  past_key_values=self.cache)
         for row, node in enumerate(nodes):
             self._slots[node], self._features[node] = past + row, out[0, row]
-        return self._draft_probs(out[0])
+        return self._draft_probs(logits[0])
 
     def _embed(self, tokens: list[int]) -> torch.Tensor:
         return self.embed(torch.tensor([tokens], device=self.embed.weight.device))
 
-    def _draft_probs(self, features: torch.Tensor) -> torch.Tensor:
+    def _draft(self, features: torch.Tensor, embeds: torch.Tensor, **body_kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's output feature and draft logits: one call where the head computes both (OpenVinoEagleHead),
+        else the head's forward, then its LM head."""
+        draft = getattr(self.head, "draft", None)
+        if draft is not None:
+            return draft(features, embeds, **body_kwargs)
+        out = self.head(features, embeds, **body_kwargs)
+        return out, self.head.lm_head(out)
+
+    def _draft_probs(self, logits: torch.Tensor) -> torch.Tensor:
         """(n, V) over the target's vocabulary: q when sampling, the plain softmax when greedy, on the draft ids."""
-        logits = self.head.lm_head(features).float().cpu()
+        logits = logits.float().cpu()
         q = logits.softmax(-1) if self.sampling.greedy else self.sampling.probs(logits)
         probs = torch.zeros(len(q), self.vocab_size)
         probs[:, self.d2t] = q
@@ -252,8 +265,8 @@ class EagleDrafter(Drafter):
         """The head's draft cache over COST_CONTEXT rows, the context its expands are timed on."""
         cache = DynamicCache()  # the head reads fused features: the target's hidden size wide (EAGLE-3's fc is 3d)
         device, dtype = self.embed.weight.device, self.head.fc.weight.dtype
-        self.head(torch.zeros(1, COST_CONTEXT, self.hidden_size, device=device, dtype=dtype),
-                  self._embed([0] * COST_CONTEXT), past_key_values=cache)
+        self._draft(torch.zeros(1, COST_CONTEXT, self.hidden_size, device=device, dtype=dtype),
+                    self._embed([0] * COST_CONTEXT), past_key_values=cache)
         return cache
 
     @torch.inference_mode()
@@ -264,9 +277,9 @@ class EagleDrafter(Drafter):
         positions = torch.full((1, n), COST_CONTEXT, device=device)
         timer = StepTimer(device)  # on a GPU a host clock alone reads only the launches (timing.py)
         start = timer.mark()
-        out = self.head(torch.zeros(1, n, self.hidden_size, device=device, dtype=dtype), self._embed([0] * n),
-                        attention_mask=mask, position_ids=positions, past_key_values=cache)
-        self._draft_probs(out[0]).topk(4)
+        _, logits = self._draft(torch.zeros(1, n, self.hidden_size, device=device, dtype=dtype), self._embed([0] * n),
+                                attention_mask=mask, position_ids=positions, past_key_values=cache)
+        self._draft_probs(logits[0]).topk(4)
         end = timer.mark()
         timer.sync()
         commit_path(cache, COST_CONTEXT, [])

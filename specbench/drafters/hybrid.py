@@ -266,9 +266,9 @@ class HybridDrafter(Drafter):
         for source in self.sources.values():
             source.on_backend(run_on)
 
-    def heads_on(self, run_linear) -> None:
+    def on_openvino(self) -> None:
         for source in self.sources.values():
-            source.heads_on(run_linear)
+            source.on_openvino()
 
     def fit(self, latency_ms) -> None:
         for source in self.sources.values():

@@ -17,6 +17,7 @@ from torch import nn
 
 from specbench.drafters.base import DrafterCost, DecodeState, Drafter, TreeTooDeep
 from specbench.errors import SpecbenchError
+from specbench.execution.openvino import OpenVinoLinear
 from specbench.models.loading import LoadedModel
 from specbench.models.artifact import ADAPTER_PREFIX, tuned_backbone
 from specbench.models.published import load_drafter_checkpoint
@@ -146,11 +147,11 @@ class MedusaDrafter(Drafter):
     def cost(self) -> DrafterCost:
         return DrafterCost(medusa_heads=self.num_heads)
 
-    def heads_on(self, run_linear) -> None:
+    def on_openvino(self) -> None:
         if self.heads.proj is None:
-            self.lm_head = run_linear(self.lm_head)  # the target's own module stays as it is: this is the drafter's
+            self.lm_head = OpenVinoLinear(self.lm_head)  # the target's own module stays as it is: this is the drafter's
         else:
-            self.heads.proj = nn.ModuleList(run_linear(p) for p in self.heads.proj)
+            self.heads.proj = nn.ModuleList(OpenVinoLinear(p) for p in self.heads.proj)
 
     def on_backend(self, run_on) -> None:
         if self.backbone is not None:

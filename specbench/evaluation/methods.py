@@ -27,7 +27,6 @@ from specbench.errors import SpecbenchError
 from specbench.evaluation.engines import HF_GENERATE
 
 from specbench.execution.backends import OPENVINO, with_backend
-from specbench.execution.openvino import OpenVinoLinear
 from specbench.models.loading import LoadedModel
 from specbench.models.published.files import content_fingerprint
 from specbench.names import PLAIN, is_plain
@@ -160,13 +159,13 @@ def build_drafter(drafter_cfg, target: LoadedModel, tree: TreePolicy, backend: s
     target is the eager model: a drafter may slice it (an early-exit draft) or merge an adapter into a copy (Medusa-2),
     which a compiled or prepacked forward cannot take. The models it derives so then run on `backend`, the run's, as
     the target does (Drafter.on_backend); on openvino they stay eager (an IR export per derived model is not
-    built), and the vocabulary projections it drafts with every step run on OpenVINO (Drafter.heads_on)."""
+    built), and what it drafts with every step runs on OpenVINO (Drafter.on_openvino)."""
     check_tree(drafter_cfg, tree)
     drafter = build(drafter_cfg, target=target, tree=tree)
     if backend != OPENVINO:
         drafter.on_backend(lambda derived: with_backend(derived, backend))
     else:
-        drafter.heads_on(OpenVinoLinear)
+        drafter.on_openvino()
     return drafter
 
 

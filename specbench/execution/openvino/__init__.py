@@ -21,10 +21,12 @@ The modules, one concept each:
   of its own); `w4a8_g<group>` is that int4 IR run with its activations quantised on the fly (compile.PROPERTIES says
   why apart), and `w4a8r_g<group>` runs it row-invariant, a lossless verify target.
 - `linear`: OpenVinoLinear, a drafter's vocabulary projection in int8.
+- `draft_head`: OpenVinoEagleHead, an EAGLE head's forward and draft LM head as one call per tree level.
 """
 
 from specbench.execution.openvino.attention import RECENT_DEPTH, recent_attention, split_attention, window_inputs
 from specbench.execution.openvino.compile import DYNAMIC_GROUP, STATIC_ROWS, quantises_activations
+from specbench.execution.openvino.draft_head import OpenVinoEagleHead
 from specbench.execution.openvino.export import (compressed, flat_cache, interrupt_after, ir_folder,
                                                 quiet_transformers, save_whole, usable)
 from specbench.execution.openvino.forward import OpenVinoForward
@@ -33,7 +35,8 @@ from specbench.execution.openvino.route import claim, with_openvino
 from specbench.execution.openvino.settings import (INSTALL, OWN_FORMATS, check_run, group_error, group_problem,
                                                   unsupported)
 
-__all__ = ["DYNAMIC_GROUP", "INSTALL", "OWN_FORMATS", "RECENT_DEPTH", "STATIC_ROWS", "OpenVinoForward",
-           "OpenVinoLinear", "check_run", "claim", "compressed", "flat_cache", "group_error", "group_problem",
-           "interrupt_after", "ir_folder", "quantises_activations", "quiet_transformers", "recent_attention",
-           "save_whole", "split_attention", "unsupported", "usable", "window_inputs", "with_openvino"]
+__all__ = ["DYNAMIC_GROUP", "INSTALL", "OWN_FORMATS", "RECENT_DEPTH", "STATIC_ROWS", "OpenVinoEagleHead",
+           "OpenVinoForward", "OpenVinoLinear", "check_run", "claim", "compressed", "flat_cache", "group_error",
+           "group_problem", "interrupt_after", "ir_folder", "quantises_activations", "quiet_transformers",
+           "recent_attention", "save_whole", "split_attention", "unsupported", "usable", "window_inputs",
+           "with_openvino"]

@@ -1,4 +1,4 @@
-"""A drafter's vocabulary projection run by OpenVINO in int8 (Drafter.heads_on)."""
+"""A drafter's vocabulary projection run by OpenVINO in int8 (Drafter.on_openvino)."""
 
 from __future__ import annotations
 
