@@ -165,6 +165,22 @@ def test_dynamic_tree_keeps_the_best_nodes_by_cumulative_log_probability():
     assert kept == set(best)
 
 
+def test_a_small_dynamic_budget_drafts_no_level_it_cannot_keep_and_keeps_the_same_nodes():
+    """budget - 1 kept nodes closed under ancestors lie at most budget - 1 deep: deeper levels are not drafted, and
+    the nodes kept are still the best of the tree grown to the full depth."""
+    draft = FixedDraft()
+    tree = DynamicPolicy(budget=3, top_k=3, depth=5).build(5, draft)
+    assert len(draft.calls) == 2
+    full = DynamicPolicy(budget=101, top_k=3, depth=5).build(5, FixedDraft())
+    score = {}
+    for n in range(1, len(full)):
+        path = full.tokens[full.path_to(n)[1:]].tolist()
+        score[tuple(path)] = sum(
+            float(FixedDraft().expand(_grown([5] + path[:i]), [i])[0][path[i]].log()) for i in range(len(path)))
+    kept = {tuple(tree.tokens[tree.path_to(n)[1:]].tolist()) for n in range(1, len(tree))}
+    assert max(len(p) for p in score) == 5 and kept == set(sorted(score, key=score.get, reverse=True)[:2])
+
+
 @pytest.mark.parametrize("knob", ["top_k", "depth"])
 def test_dynamic_knobs_must_be_positive(knob):
     with pytest.raises(SpecbenchError, match=f"tree.{knob}=0 is invalid"):

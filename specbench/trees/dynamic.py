@@ -28,7 +28,9 @@ class DynamicPolicy(TreePolicy):
     def build(self, root: int, expander: DraftExpander) -> TokenTree:
         tree = GrowingTree.rooted(root)
         frontier = [0]
-        for _ in range(self.depth):
+        # the budget - 1 kept nodes are closed under ancestors, so none lies deeper than budget - 1: a deeper level
+        # would be drafted (a forward of the draft each) and always dropped
+        for _ in range(min(self.depth, self.budget - 1)):
             rows = expander.expand(tree, frontier)
             added = []
             for node, probs in zip(frontier, rows):
