@@ -301,6 +301,56 @@ def test_openvino_compiles_only_the_row_counts_its_memory_budget_holds(tiny, fas
     assert torch.allclose(logits[0], logits[1], atol=1e-5)
 
 
+@pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed")
+def test_openvino_runs_a_prompt_in_one_call_of_the_prefill_ir_with_the_split_attention_irs_numbers(tiny, fast):
+    """A prompt on an empty cache that no compiled row count holds runs in one call of the prefill IR, whose attention
+    the CPU plugin fuses (no MatMul or Softmax of its own, where the split-attention IR has them): its logits, hidden
+    states and cached keys and values are the split-attention IR's within float rounding, a step and a tree verify
+    after it read what it cached, and plain decoding and PLD on it return the split-attention prefill's tokens."""
+    import collections
+
+    model = fast["openvino"].model
+    prefill = model.prefill
+    layers = [collections.Counter(op.get_rt_info()["layerType"].astype(str)
+                                  for op in forward.request.get_compiled_model().get_runtime_model().get_ordered_ops())
+              for forward in (model, prefill)]
+    assert layers[0]["Softmax"] == tiny.model.config.num_hidden_layers
+    assert layers[1]["Softmax"] == layers[1]["MatMul"] == 0
+    calls, infer = [], prefill.request.infer
+    prefill.request.infer = lambda *a, **k: calls.append(1) or infer(*a, **k)
+    prompt, tree = torch.arange(10, 50)[None], TokenTree(torch.tensor([5, 7, 9]), torch.tensor([-1, 0, 0]))
+    texts = ["the cat sat on the mat and the cat sat on the hat", "hello world " * 6]
+    outputs = []
+
+    def decode(drafter, text):
+        return Decoder(model, drafter, ExactAcceptance(), SamplingParams(), 24, tiny.eos_token_ids,
+                       max_context=tiny.max_context).generate(tiny.tokenizer(text)["input_ids"]).tokens
+
+    try:
+        for forward in (prefill, None):
+            model.prefill = forward
+            calls.clear()
+            with torch.inference_mode():
+                cache = DynamicCache()
+                first = model(input_ids=prompt, past_key_values=cache, output_hidden_states=True)
+                step = model(input_ids=torch.tensor([[3]]), past_key_values=cache).logits
+                verify = verify_tree(model, cache, tree).logits
+            tokens = [decode(drafter, text) for text in texts
+                      for drafter in (PlainDrafter(), PromptLookupDrafter(fast["openvino"], NativePolicy(8)))]
+            outputs.append((first, cache, step, verify, tokens))
+            assert len(calls) == (1 + 2 * len(texts) if forward is not None else 0)  # every prompt, one call each
+    finally:
+        model.prefill = prefill
+        del prefill.request.infer
+    (first_a, cache_a, step_a, verify_a, tokens_a), (first_b, cache_b, step_b, verify_b, tokens_b) = outputs
+    assert torch.allclose(first_a.logits, first_b.logits, atol=1e-5)
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(first_a.hidden_states, first_b.hidden_states))
+    assert all(torch.allclose(a.keys, b.keys, atol=1e-5) and torch.allclose(a.values, b.values, atol=1e-5)
+               for a, b in zip(cache_a.layers, cache_b.layers))
+    assert torch.allclose(step_a, step_b, atol=1e-5) and torch.allclose(verify_a, verify_b, atol=1e-5)
+    assert tokens_a[0::2] == tokens_a[1::2] == tokens_b[0::2] == tokens_b[1::2]
+
+
 @pytest.mark.parametrize("backend", FAST)
 @pytest.mark.slow
 def test_greedy_speculation_on_the_backend_equals_its_plain_decoding_and_the_eager_output(tiny, fast, backend):
@@ -723,12 +773,12 @@ def test_ctrl_c_during_an_openvino_export_is_an_interrupt_and_leaves_no_ir(tmp_p
 
 @pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed")
 def test_eagle_and_medusa_on_openvino_draft_with_its_heads_and_stay_lossless(tiny, fast, tmp_path):
-    """On an openvino run the vocabulary projections the drafters compute every tree level run on OpenVINO in int8
-    (Drafter.heads_on): EAGLE's draft head and Medusa's tied LM head, never the target's own module; the drafts move
-    within int8's rounding, and the openvino target's verify still decides every token."""
+    """On an openvino run what the drafters compute every tree level runs on OpenVINO in int8 (Drafter.on_openvino):
+    EAGLE's whole head as one call (its features and draft logits), Medusa's tied LM head, never the target's own
+    module; the drafts move within int8's rounding, and the openvino target's verify still decides every token."""
     from specbench.config import build
     from specbench.evaluation.methods import build_drafter
-    from specbench.execution.openvino import OpenVinoLinear
+    from specbench.execution.openvino import OpenVinoEagleHead, OpenVinoLinear
     from tests.conftest import compose_cfg, random_medusa_artifact
     from tests.test_eagle import eagle_artifact
 
@@ -738,16 +788,39 @@ def test_eagle_and_medusa_on_openvino_draft_with_its_heads_and_stay_lossless(tin
     target = fast["openvino"].model
     plain = Decoder(target, PlainDrafter(), ExactAcceptance(), SamplingParams(), 24, tiny.eos_token_ids,
                     max_context=tiny.max_context).generate(prompt)
+    d = tiny.model.config.hidden_size
     for method, checkpoint in (("eagle", eagle), ("medusa", medusa)):
         cfg = compose_cfg(["model=tiny_random", f"method={method}", f"method.checkpoint={checkpoint}", "tree=chain",
                            "tree.budget=4"])
         eager = build_drafter(cfg.method.drafter, tiny, build(cfg.tree))
         drafter = build_drafter(cfg.method.drafter, tiny, build(cfg.tree), "openvino")
-        head = drafter.head.lm_head if method == "eagle" else drafter.lm_head
-        kept = eager.head.lm_head if method == "eagle" else eager.lm_head
-        assert isinstance(head, OpenVinoLinear) and not isinstance(tiny.model.get_output_embeddings(), OpenVinoLinear)
-        x = torch.randn(3, tiny.model.config.hidden_size)
-        assert torch.allclose(head(x), kept(x), atol=0.02 * kept(x).abs().max().item())
+        if method == "eagle":
+            assert isinstance(drafter.head, OpenVinoEagleHead)
+            # five committed rows, then a tree level of three rows under a tree mask (rows 0 and 2 siblings); the IR's
+            # int8 rounding must stay well under what seeing a sibling's row would move the logits by
+            torch.manual_seed(0)
+            caches, mask = (DynamicCache(), DynamicCache(), DynamicCache()), torch.ones(1, 1, 3, 8, dtype=torch.bool)
+            mask[0, 0, :, 5:] = torch.tensor([[1, 0, 0], [1, 1, 0], [0, 0, 1]], dtype=torch.bool)
+            causal = mask.clone()
+            causal[0, 0, :, 5:] = torch.ones(3, 3, dtype=torch.bool).tril()
+            features, embeds = torch.randn(1, 5, d), torch.randn(1, 5, d)
+            for cache in caches[:2]:
+                eager.head(features, embeds, past_key_values=cache)
+            drafter.head.draft(features, embeds, past_key_values=caches[2])
+            features, embeds, positions = torch.randn(1, 3, d), torch.randn(1, 3, d), torch.tensor([[5, 6, 5]])
+            kept, seen = (eager.head.lm_head(eager.head(features, embeds, past_key_values=cache, attention_mask=m,
+                                                        position_ids=positions))
+                          for cache, m in zip(caches, (mask, causal)))
+            out, logits = drafter.head.draft(features, embeds, past_key_values=caches[2], attention_mask=mask,
+                                             position_ids=positions)
+            assert (logits - kept).abs().max() < 0.5 * (seen - kept).abs().max()
+            assert out.shape == (1, 3, d) and caches[2].get_seq_length() == 8
+        else:
+            assert isinstance(drafter.lm_head, OpenVinoLinear)
+            x = torch.randn(3, d)
+            kept, logits = eager.lm_head(x), drafter.lm_head(x)
+        assert not isinstance(tiny.model.get_output_embeddings(), OpenVinoLinear)
+        assert torch.allclose(logits, kept, atol=0.05 * kept.abs().max().item()), method
         run = Decoder(target, drafter, ExactAcceptance(), SamplingParams(), 24, tiny.eos_token_ids,
                       max_context=tiny.max_context).generate(prompt)
         assert run.tokens == plain.tokens and any(s.tree_size > 1 for s in run.steps), method

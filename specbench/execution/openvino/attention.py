@@ -1,7 +1,8 @@
 """The attentions the exported forward traces, registered with transformers' AttentionInterface (no model file
 forked): `split_attention` reads the cached keys where they lie and the new rows as a second block; `recent_attention`
 (w4a8r) sums in an order fixed by each query row's position, with `window_inputs` the host side that builds its
-window. A new layout changes its registered name, which keys the IR cache (export.ir_folder)."""
+window; `prefill_attention` attends a prompt's rows to each other alone. A new layout changes its registered name,
+which keys the IR cache (export.ir_folder)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ from transformers.modeling_utils import AttentionInterface
 # the registered names, which also key the IR cache: a new IR layout (its attention, inputs or outputs) takes a new one
 ATTENTION = "specbench_split_v2"
 ROW_INVARIANT_ATTENTION = "specbench_recent_v2"
+PREFILL_ATTENTION = "specbench_prefill_v1"
 # recent_attention's window: a row at position P reads the keys below b(P) = floor((P - RECENT_DEPTH) / RECENT_STRIDE)
 # * RECENT_STRIDE from the cache as it lies and those from b(P) to P gathered in a block of RECENT_WINDOW slots; a call
 # may hold rows at most RECENT_DEPTH positions past its cache (a longer chain runs in pieces; a prefill, in one call of
-# the split-attention IR: route.with_openvino says why)
+# the prefill IR: route.with_openvino says why)
 RECENT_STRIDE, RECENT_DEPTH = 8, 16
 RECENT_WINDOW = RECENT_STRIDE + RECENT_DEPTH
 RECENT_INPUTS = ("recent_cache_slot", "recent_new_row", "recent_is_new", "recent_mask")
@@ -23,7 +25,8 @@ RECENT_INPUTS = ("recent_cache_slot", "recent_new_row", "recent_is_new", "recent
 
 def register(layout: str) -> None:
     """Register `layout`'s attention with transformers, so a model whose config names it runs it."""
-    AttentionInterface.register(layout, recent_attention if layout == ROW_INVARIANT_ATTENTION else split_attention)
+    attentions = {ROW_INVARIANT_ATTENTION: recent_attention, PREFILL_ATTENTION: prefill_attention}
+    AttentionInterface.register(layout, attentions.get(layout, split_attention))
     AttentionMaskInterface.register(layout, sdpa_mask)  # a 4D mask goes through as given; sdpa's for any other
 
 
@@ -45,6 +48,21 @@ def split_attention(module, query, key, value, attention_mask, scaling=None, dro
     probs = torch.where(mask, scores, torch.finfo(scores.dtype).min).softmax(-1)
     out = probs[..., :past] @ cached_v + probs[..., past:] @ value
     return out.reshape(batch, heads, n, dim).transpose(1, 2).contiguous(), None
+
+
+def prefill_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **_):
+    """Attention of a call on an empty cache (a prompt) over its own rows, as one SDPA: query (batch, heads, n, dim),
+    key and value the new rows (batch, kv heads, n, dim), `attention_mask` the 4D boolean mask over them. OpenVINO's
+    CPU plugin runs it as one fused kernel per layer where split_attention's MatMuls and softmax write every row's
+    scores out; the key and value heads repeated for the grouped queries (as repeat_kv) and the mask given, not
+    is_causal, are the forms it fuses and runs fastest (experiments/openvino_engine_speed)."""
+    batch, kv_heads, n, dim = key.shape
+    groups = query.shape[1] // kv_heads
+    key, value = (t[:, :, None].expand(batch, kv_heads, groups, n, dim).reshape(batch, kv_heads * groups, n, dim)
+                  for t in (key, value))
+    out = torch.nn.functional.scaled_dot_product_attention(query, key, value, attention_mask.to(torch.bool),
+                                                           scale=scaling)
+    return out.transpose(1, 2).contiguous(), None
 
 
 def recent_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, cached_kv=(), recent=(),

@@ -22,7 +22,8 @@ from torch import nn
 from transformers import DynamicCache
 
 from specbench.errors import SpecbenchError
-from specbench.execution.openvino.attention import ATTENTION, RECENT_INPUTS, ROW_INVARIANT_ATTENTION, register
+from specbench.execution.openvino.attention import (ATTENTION, PREFILL_ATTENTION, RECENT_INPUTS,
+                                                    ROW_INVARIANT_ATTENTION, register)
 from specbench.files import check_writable
 from specbench.models.loading import LoadedModel, cache_root
 from specbench.models.shape import head_dim
@@ -202,8 +203,8 @@ def export(model: nn.Module, weights: str, folder: Path, layout: str = ATTENTION
 
     config = model.config
     kv_heads, layers, width = config.num_key_value_heads, config.num_hidden_layers, head_dim(config)
-    n, past = 3, 2
     row_invariant = layout == ROW_INVARIANT_ATTENTION
+    n, past = 3, 0 if layout == PREFILL_ATTENTION else 2  # prefill_attention serves an empty cache only
     mask = torch.ones(n, past + (0 if row_invariant else n), dtype=torch.bool).tril(past)[None, None]
     example = (torch.zeros(1, n, config.hidden_size), mask, torch.arange(past, past + n)[None],
                torch.zeros(2 * layers, 1, kv_heads, past, width), torch.arange(n), torch.arange(n))

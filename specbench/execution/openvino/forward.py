@@ -6,8 +6,8 @@ copies the cache in and none concatenates onto it: the new rows' keys and values
 and the layers grow by them. The buffer's capacity steps by CACHE_STEP tokens (the attention's shapes move only
 then, and one copy of the rows moves the cache into a larger buffer); the slots past the cache are masked and finite.
 verification's commit_path and crop work on these views as on any tensor. A call of a few rows runs a model compiled
-for its row count (compile.STATIC_ROWS), others (a prefill, a large tree) the dynamic model; a batch of several
-sequences copies its cache in and appends to it.
+for its row count (compile.STATIC_ROWS), a longer prompt on an empty cache the prefill IR (attention.prefill_attention)
+and other calls (a large tree) the dynamic model; a batch of several sequences copies its cache in and appends to it.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class OpenVinoForward(nn.Module):
 
         self.claims = claims
         self.row_invariant = row_invariant  # the IR traces recent_attention; every call runs >= 2 rows (w4a8r)
-        self.prefill = prefill  # w4a8r: a prompt on an empty cache runs in one call of this (route.py says why)
+        self.prefill = prefill  # a prompt no compiled row count holds runs in one call of this (route.py says why)
         self.embed = model.get_input_embeddings()
         self.config, self.generation_config = model.config, model.generation_config
         self.layers = model.config.num_hidden_layers
@@ -117,10 +117,11 @@ class OpenVinoForward(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(past, past + n)[None].expand(batch, n)
         mask = full_mask(attention_mask, batch, n, past)
+        if (self.prefill is not None and past == 0 and self._rows(n) is None
+                and causal_chain(mask, position_ids, past)):
+            return self.prefill(inputs_embeds=embeds, position_ids=position_ids, past_key_values=cache,
+                                output_hidden_states=output_hidden_states, logits_to_keep=logits_to_keep)
         if self.row_invariant and (batch != 1 or int(position_ids.max()) - past > RECENT_DEPTH):
-            if self.prefill is not None and past == 0 and causal_chain(mask, position_ids, past):
-                return self.prefill(inputs_embeds=embeds, position_ids=position_ids, past_key_values=cache,
-                                    output_hidden_states=output_hidden_states, logits_to_keep=logits_to_keep)
             return self._in_pieces(embeds, mask, position_ids, cache, output_hidden_states)
         if batch != 1:
             return self._batched(embeds, mask, position_ids, cache, output_hidden_states, logits_to_keep)

@@ -9,7 +9,7 @@ import logging
 import torch
 
 from specbench.errors import SpecbenchError
-from specbench.execution.openvino.attention import ATTENTION, ROW_INVARIANT_ATTENTION
+from specbench.execution.openvino.attention import ATTENTION, PREFILL_ATTENTION, ROW_INVARIANT_ATTENTION
 from specbench.execution.openvino.compile import (DYNAMIC_GROUP, PROPERTIES, STATIC_ROWS, compiled,
                                                   quantises_activations, row_models)
 from specbench.execution.openvino.export import exported
@@ -48,12 +48,13 @@ def with_openvino(target: LoadedModel, weights: str) -> LoadedModel:
     xml = exported(fp32, stored, ROW_INVARIANT_ATTENTION if row_invariant else ATTENTION)
     rows = tuple(max(r, ROW_INVARIANT_MIN_ROWS) for r in STATIC_ROWS) if row_invariant else STATIC_ROWS
     # A prompt on an empty cache is the same call in a method's run as in its plain decoding, so its rows need not be
-    # computed as any other call's: a w4a8r prefill runs in one call of the int4 IR with split_attention (w4a8's, the
-    # dynamic-shape model) instead of pieces of RECENT_DEPTH rows, and the steps after it read the keys and values it
-    # cached, as plain decoding's do (experiments/openvino_row_invariant). The cost: that IR compiled beside the
-    # row-invariant one, and exported once if w4a8 has not run here.
-    prefill = (OpenVinoForward(fp32.model, compiled(exported(fp32, stored, ATTENTION), properties), claims=claims)
-               if row_invariant else None)
+    # computed as any other call's: one that no compiled row count holds runs in one call of the prefill IR (its
+    # attention one fused SDPA over the prompt's rows, faster than split_attention's blocks at every length measured:
+    # experiments/openvino_engine_speed), w4a8r's too instead of pieces of RECENT_DEPTH rows, and the steps after it
+    # read the keys and values it cached, as plain decoding's do (experiments/openvino_row_invariant). The cost: that
+    # IR exported once and compiled beside the route's.
+    prefill = OpenVinoForward(fp32.model, compiled(exported(fp32, stored, PREFILL_ATTENTION), properties),
+                              claims=claims)
     forward = OpenVinoForward(fp32.model, compiled(xml, properties), row_models(xml, properties, rows), claims,
                               row_invariant, prefill)
     return dataclasses.replace(target, model=forward, backend="openvino", weights=weights)
