@@ -75,14 +75,17 @@ def draw_children(probs: torch.Tensor, k: int, generator: torch.Generator | None
     Without a generator: the top-k. With one: k draws without replacement in draw order (Gumbel top-k), the order in
     which rejection sampling must test siblings to stay lossless.
     """
-    k = min(k, int((probs > 0).sum()))
+    k = min(k, probs.shape[-1])
     if k <= 0:
         return []
     if generator is None:
-        return torch.topk(probs, k).indices.tolist()
-    uniform = torch.rand(probs.shape, generator=generator).clamp_(1e-20, 1.0)
-    keys = probs.float().log() - torch.log(-torch.log(uniform))
-    return torch.topk(keys, k).indices.tolist()
+        keys = probs
+    else:
+        uniform = torch.rand(probs.shape, generator=generator).clamp_(1e-20, 1.0)
+        keys = probs.float().log() - torch.log(-torch.log(uniform))
+    # zero-probability tokens rank last in either order: dropped after one pass over the vocabulary, not counted first
+    top = torch.topk(keys, k).indices
+    return top[probs[top] > 0].tolist()
 
 
 class TreePolicy(ABC):
