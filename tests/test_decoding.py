@@ -86,3 +86,24 @@ def test_top_k_and_top_p_shape_the_distribution():
     p = SamplingParams(temperature=1.0, top_p=0.5).probs(logits)
     assert p[0] == 1.0  # the top token alone already holds more than half the mass
     assert torch.allclose(SamplingParams(temperature=1.0).probs(logits).sum(), torch.tensor(1.0))
+
+
+def test_the_prefill_projects_only_the_prompts_last_row_onto_the_vocabulary(tiny):
+    """The engines project a prompt's last row alone; every row's logits would cost a vocabulary projection of the
+    whole prompt, which a long prompt's prefill pays for nothing. The answer is the plain one either way."""
+    rows = []
+    forward = tiny.model.forward
+
+    def counting(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        rows.append(out.logits.shape[1])
+        return out
+
+    prompt = prompts(tiny)[0]
+    reference = decode(tiny, PlainDrafter(), prompt, max_new=4)
+    tiny.model.forward = counting
+    try:
+        out = decode(tiny, PlainDrafter(), prompt, max_new=4)
+    finally:
+        del tiny.model.forward
+    assert len(prompt) > 1 and rows[0] == 1 and out.tokens == reference.tokens

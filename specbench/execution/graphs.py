@@ -122,7 +122,8 @@ class StaticForward:
             return self._static(**kwargs)
 
     def _static(self, input_ids=None, inputs_embeds=None, attention_mask=None, position_ids=None,
-                output_hidden_states=False, use_cache=True, past_key_values=None, cache=None, **rest):
+                output_hidden_states=False, use_cache=True, past_key_values=None, cache=None, logits_to_keep=0,
+                **rest):
         x = input_ids if inputs_embeds is None else inputs_embeds
         if rest or x.shape[0] != 1:
             raise SpecbenchError(f"model.backend=graphs runs one sequence per forward with ids or embeddings, a mask, "
@@ -151,7 +152,8 @@ class StaticForward:
         else:
             logits, states = self._body(inputs, hidden)
         self.cache.length = past + rows
-        return CausalLMOutputWithPast(logits=logits[:, :rows].clone() if captured else logits[:, :rows],
+        first = rows - logits_to_keep if logits_to_keep else 0  # transformers' int form: the last k rows (0: all)
+        return CausalLMOutputWithPast(logits=logits[:, first:rows].clone() if captured else logits[:, first:rows],
                                       hidden_states=None if states is None else _rows(states, rows, captured))
 
     def _inputs(self, bucket: int, embeds: bool, x: torch.Tensor) -> dict[str, torch.Tensor]:
