@@ -154,15 +154,19 @@ def test_dynamic_tree_keeps_the_best_nodes_by_cumulative_log_probability():
     assert [len(c) for c in draft.calls] == [1, 3, 3]  # top_k frontier nodes expanded per level
     assert tree.draft_probs is None
     # the kept nodes are the 8 best of all 3 + 9 + 9 candidates by cumulative log-probability
-    full = DynamicPolicy(budget=101, top_k=3, depth=3).build(5, FixedDraft())
+    score = _path_scores(DynamicPolicy(budget=101, top_k=3, depth=3).build(5, FixedDraft()))
+    kept = {tuple(tree.tokens[tree.path_to(n)[1:]].tolist()) for n in range(1, len(tree))}
+    assert kept == set(sorted(score, key=score.get, reverse=True)[:8])
+
+
+def _path_scores(tree) -> dict[tuple[int, ...], float]:
+    """Every node's path below the root and its cumulative log-probability under FixedDraft."""
     score = {}
-    for n in range(1, len(full)):
-        path = full.tokens[full.path_to(n)[1:]].tolist()
+    for n in range(1, len(tree)):
+        path = tree.tokens[tree.path_to(n)[1:]].tolist()
         score[tuple(path)] = sum(
             float(FixedDraft().expand(_grown([5] + path[:i]), [i])[0][path[i]].log()) for i in range(len(path)))
-    best = sorted(score, key=score.get, reverse=True)[:8]
-    kept = {tuple(tree.tokens[tree.path_to(n)[1:]].tolist()) for n in range(1, len(tree))}
-    assert kept == set(best)
+    return score
 
 
 def test_a_small_dynamic_budget_drafts_no_level_it_cannot_keep_and_keeps_the_same_nodes():
@@ -171,12 +175,7 @@ def test_a_small_dynamic_budget_drafts_no_level_it_cannot_keep_and_keeps_the_sam
     draft = FixedDraft()
     tree = DynamicPolicy(budget=3, top_k=3, depth=5).build(5, draft)
     assert len(draft.calls) == 2
-    full = DynamicPolicy(budget=101, top_k=3, depth=5).build(5, FixedDraft())
-    score = {}
-    for n in range(1, len(full)):
-        path = full.tokens[full.path_to(n)[1:]].tolist()
-        score[tuple(path)] = sum(
-            float(FixedDraft().expand(_grown([5] + path[:i]), [i])[0][path[i]].log()) for i in range(len(path)))
+    score = _path_scores(DynamicPolicy(budget=101, top_k=3, depth=5).build(5, FixedDraft()))
     kept = {tuple(tree.tokens[tree.path_to(n)[1:]].tolist()) for n in range(1, len(tree))}
     assert max(len(p) for p in score) == 5 and kept == set(sorted(score, key=score.get, reverse=True)[:2])
 

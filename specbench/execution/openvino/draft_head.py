@@ -19,8 +19,8 @@ from torch import nn
 from specbench.errors import SpecbenchError
 from specbench.execution.openvino.attention import ATTENTION, register
 from specbench.execution.openvino.compile import PROPERTIES, compiled, row_models
-from specbench.execution.openvino.export import (INPUTS, compressed, flat_cache, interrupt_after, ir_folder,
-                                                quiet_transformers, save_whole, usable)
+from specbench.execution.openvino.export import (INPUTS, flat_cache, interrupt_after, ir_folder, quiet_transformers,
+                                                save_ir, usable)
 from specbench.execution.openvino.forward import OpenVinoForward
 from specbench.execution.openvino.linear import OpenVinoLinear
 from specbench.models.loading import LoadedModel
@@ -91,16 +91,7 @@ def _export(graph: _HeadGraph, folder: Path) -> None:
         raise SpecbenchError(f"model.backend=openvino cannot export this EAGLE head: openvino.convert_model failed: "
                              f"{lines[-1][:200] if lines else type(exc).__name__}") from exc
     shapes = [[-1, -1, 2 * d], [-1, 1, -1, -1], [-1, -1], [2 * layers, -1, kv_heads, -1, width], [-1], [-1]]
-    for port, name, shape in zip(ir.inputs, INPUTS, shapes):
-        port.get_tensor().set_names({name})
-        port.get_node().set_partial_shape(ov.PartialShape(shape))
-    ir.validate_nodes_and_infer_types()
-
-    def save(tmp: Path) -> None:
-        with interrupt_after("compression and saving of the EAGLE head"):
-            ov.save_model(compressed(ir, "int8"), tmp / "openvino_model.xml", compress_to_fp16=False)
-
-    save_whole(folder, save)
+    save_ir(ir, dict(zip(INPUTS, shapes)), "int8", folder)
 
 
 class OpenVinoEagleHead(nn.Module):

@@ -228,7 +228,15 @@ def export(model: nn.Module, weights: str, folder: Path, layout: str = ATTENTION
     names = [*INPUTS, *(RECENT_INPUTS if row_invariant else ())]
     shapes = [[-1, -1, config.hidden_size], [-1, 1, -1, -1], [-1, -1], [2 * layers, -1, kv_heads, -1, width], [-1],
               [-1], *([[-1, -1]] * len(RECENT_INPUTS) if row_invariant else [])]
-    for port, name, shape in zip(ir.inputs, names, shapes):
+    save_ir(ir, dict(zip(names, shapes)), weights, folder)
+
+
+def save_ir(ir, inputs: dict[str, list[int]], weights: str, folder: Path) -> None:
+    """A traced `ir` with its inputs named and their shapes made dynamic where -1 (`inputs`, in the IR's order),
+    compressed to `weights` and saved into `folder` whole."""
+    import openvino as ov
+
+    for port, (name, shape) in zip(ir.inputs, inputs.items()):
         port.get_tensor().set_names({name})
         port.get_node().set_partial_shape(ov.PartialShape(shape))
     ir.validate_nodes_and_infer_types()
