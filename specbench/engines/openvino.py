@@ -88,7 +88,12 @@ class OpenVinoEngine(Engine):
                  draft_tokens: int = 4) -> None:
         self.weights, self.max_new_tokens, self.eos = weights, max_new_tokens, eos
         self.mode, self.threads = mode, threads
-        properties = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY"}
+        # each prompt from an empty cache, as llama.cpp's after its reset(): built without a scheduler config, GenAI
+        # reuses the previous call's cache for a repeated prompt, so the first prompt's prefill (the warm-up's prompt)
+        # came from its cache (experiments/openvino_engine_speed)
+        scheduler = og.SchedulerConfig()
+        scheduler.enable_prefix_caching = False
+        properties = {"INFERENCE_NUM_THREADS": threads, "PERFORMANCE_HINT": "LATENCY", "scheduler_config": scheduler}
         self.config = og.GenerationConfig()
         self.config.max_new_tokens, self.config.do_sample = max_new_tokens, False
         self.config.stop_token_ids = set(eos)
