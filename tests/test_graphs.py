@@ -120,6 +120,20 @@ def test_the_padded_rows_of_a_bucket_never_reach_the_real_ones(tiny):
     assert torch.equal(first, again)
 
 
+def test_the_static_path_keeps_the_last_rows_logits_and_refuses_rows_named_by_a_tensor(tiny):
+    """logits_to_keep=k keeps a call's last k rows, as transformers' int form does (the decoder's prefill asks for
+    one); a tensor of row indices, transformers' other form, is refused in one line rather than read as a count."""
+    graphs = with_graphs(tiny.model, capture=False, capacity=64)
+    prompt = torch.arange(10, 30)[None]
+    with torch.inference_mode():
+        every = graphs(input_ids=prompt, past_key_values=new_cache(graphs), use_cache=True).logits
+        last = graphs(input_ids=prompt, past_key_values=new_cache(graphs), use_cache=True, logits_to_keep=1).logits
+        with pytest.raises(SpecbenchError, match="logits_to_keep=k"):
+            graphs(input_ids=prompt, past_key_values=new_cache(graphs), use_cache=True,
+                   logits_to_keep=torch.tensor([3]))
+    assert last.shape[1] == 1 and torch.allclose(last[0, 0], every[0, -1], atol=1e-5)
+
+
 def test_the_captured_forward_reads_no_device_value_on_the_host():
     """A CUDA graph cannot capture a host read of device data (.item(), a data-dependent shape) nor a copy from host
     memory: the static forward, a tree verify and a commit run on the meta device, where each of those raises."""

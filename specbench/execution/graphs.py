@@ -125,6 +125,9 @@ class StaticForward:
                 output_hidden_states=False, use_cache=True, past_key_values=None, cache=None, logits_to_keep=0,
                 **rest):
         x = input_ids if inputs_embeds is None else inputs_embeds
+        if not isinstance(logits_to_keep, int):
+            raise SpecbenchError(f"model.backend=graphs keeps the logits of a call's last k rows (logits_to_keep=k, "
+                                 f"0 for all), not of the rows a {type(logits_to_keep).__name__} names")
         if rest or x.shape[0] != 1:
             raise SpecbenchError(f"model.backend=graphs runs one sequence per forward with ids or embeddings, a mask, "
                                  f"positions and its own cache; this call has batch {x.shape[0]} and "
