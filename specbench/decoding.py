@@ -78,8 +78,7 @@ class Decoder:
         extras = self._prefill_extras(self.drafter, prompt)
         if extras is None:
             # the last row's logits only, as the engines project a prompt: every row's would add a projection of the
-            # whole prompt onto the vocabulary, a fifth of a long prefill on a small model (experiments/
-            # openvino_engine_speed)
+            # whole prompt onto the vocabulary, which nothing reads (experiments/openvino_engine_speed)
             out = self.model(input_ids=torch.tensor([prompt_ids], device=self.model.device), past_key_values=cache,
                              use_cache=True, output_hidden_states=want_hidden, logits_to_keep=1)
             last = VerifyOutput(out.logits[0, -1:].float(), out.hidden_states[-1][0, -1:] if want_hidden else None)

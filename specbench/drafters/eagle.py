@@ -220,11 +220,10 @@ class EagleDrafter(Drafter):
         return self.embed(torch.tensor([tokens], device=self.embed.weight.device))
 
     def _draft(self, features: torch.Tensor, embeds: torch.Tensor, **body_kwargs) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each row's output feature and draft logits: one call where the head computes both (OpenVinoEagleHead),
-        else the head's forward, then its LM head."""
-        draft = getattr(self.head, "draft", None)
-        if draft is not None:
-            return draft(features, embeds, **body_kwargs)
+        """Each row's output feature and draft logits: one call on OpenVINO (OpenVinoEagleHead computes both), else
+        the head's forward, then its LM head."""
+        if isinstance(self.head, OpenVinoEagleHead):
+            return self.head.draft(features, embeds, **body_kwargs)
         out = self.head(features, embeds, **body_kwargs)
         return out, self.head.lm_head(out)
 

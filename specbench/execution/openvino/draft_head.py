@@ -95,16 +95,15 @@ def _export(graph: _HeadGraph, folder: Path) -> None:
 
 
 class OpenVinoEagleHead(nn.Module):
-    """An EAGLE head (EagleHead or a published one: anything with fuse, fc, body, lm_head, layers and d2t) whose
-    forward and draft LM head are one OpenVINO call (`draft`); its fuse of the target's features, once a step at the
-    root, is an OpenVinoLinear. The float head stays as `source`: its weights are what parameters() counts."""
+    """An EAGLE head (EagleHead or a published one: anything with fuse, fc, body and lm_head) whose forward and draft
+    LM head are one OpenVINO call (`draft`); its fuse of the target's features, once a step at the root, is an
+    OpenVinoLinear. The float head stays as `source`: its weights are what parameters() counts."""
 
     def __init__(self, head: nn.Module) -> None:
         super().__init__()
-        self.source, self.layers = head, head.layers
+        self.source = head
         fuse = head.fuse
         self.fuse = OpenVinoLinear(fuse) if isinstance(fuse, nn.Linear) else fuse
-        self.register_buffer("d2t", head.d2t)
         graph = _HeadGraph(head.float().eval())  # an openvino run's activations are float32: a no-op there
         folder = ir_folder(LoadedModel("eagle_head", graph, tokenizer=None, source="an EAGLE head"), "draft-int8",
                            ATTENTION)
