@@ -302,6 +302,48 @@ def test_openvino_compiles_only_the_row_counts_its_memory_budget_holds(tiny, fas
 
 
 @pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed")
+def test_openvino_runs_each_cache_capacity_on_a_static_model_with_the_row_models_outputs(tiny, fast, monkeypatch):
+    """A call of a compiled row count on a cache buffer runs the model of that row count and capacity, every shape
+    static, compiled once on first use: its logits, hidden states and cache rows are the row model's. compile_ahead
+    compiles the capacities a context range takes for the row counts met so far; past the memory budget (the first
+    is always built) a size runs the row model."""
+    from specbench.execution.openvino.compile import StaticModels
+    from specbench.execution.openvino.forward import CACHE_STEP, PAST
+
+    model = fast["openvino"].model
+    static = model.static
+    prompt, tree = torch.arange(10, 30)[None], TokenTree(torch.tensor([5, 7, 9]), torch.tensor([-1, 0, 0]))
+    outputs = []
+    try:
+        for runs in (static, None):
+            model.static = runs
+            with torch.inference_mode():
+                cache = DynamicCache()
+                model(input_ids=prompt, past_key_values=cache, use_cache=True)
+                out = verify_tree(model, cache, tree, want_hidden=True)
+                step = model(input_ids=torch.tensor([[3]]), past_key_values=cache, output_hidden_states=True)
+            outputs.append((out.logits, out.hidden, step.logits, step.hidden_states, cache.layers[0].keys))
+    finally:
+        model.static = static
+    assert {(4, CACHE_STEP), (1, CACHE_STEP)} <= set(static.requests)
+    request = static.requests[1, CACHE_STEP]
+    assert tuple(request.get_input_tensor(PAST).shape)[3] == CACHE_STEP
+    for a, b in zip(*outputs):
+        a, b = (a, b) if isinstance(a, torch.Tensor) else (torch.stack(a), torch.stack(b))
+        assert a.shape == b.shape and torch.allclose(a, b, atol=1e-5)
+    model.compile_ahead(20, CACHE_STEP + 10)
+    assert {(4, 2 * CACHE_STEP), (1, 2 * CACHE_STEP)} <= set(static.requests) and static.requests[1, CACHE_STEP] is request
+    assert not any(capacity > 2 * CACHE_STEP for _, capacity in static.requests)
+
+    from specbench.execution.openvino import compile as compiling
+
+    monkeypatch.setattr(compiling, "available_bytes", lambda: 1)  # nothing to spare: the first size only
+    lean = StaticModels(static.xml, static.properties)
+    assert lean.request(1, CACHE_STEP) is not None and lean.request(4, CACHE_STEP) is None
+    assert lean.request(1, CACHE_STEP) is lean.requests[1, CACHE_STEP] and lean.request(1, 2 * lean.context) is None
+
+
+@pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed")
 def test_openvino_runs_a_prompt_in_one_call_of_the_prefill_ir_with_the_split_attention_irs_numbers(tiny, fast):
     """A prompt on an empty cache that no compiled row count holds runs in one call of the prefill IR, whose attention
     is one SDPA a layer (the split-attention IR has none): its logits, hidden states and cached keys and values are

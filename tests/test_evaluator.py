@@ -46,6 +46,29 @@ def test_eval_writes_the_run_folder_contract(tmp_path):
     assert {p.name for p in (tmp_path / "plots").glob("*.png")} >= {"speed.png", "accept_lengths.png"}
 
 
+def test_every_context_a_run_reaches_is_compiled_ahead_before_its_first_timed_generation(tmp_path, monkeypatch):
+    """A target that compiles per context size (openvino's static models) is told the contexts the run will reach
+    once, after the warm-up and before any timed prompt: from the shortest first question to the longest
+    conversation with a full answer to every turn."""
+    cfg = compose_cfg([*FAST, "eval.first_turn_only=false", "eval.warmup=1"], tmp_path)
+    calls, real = [], Decoder.generate
+
+    def generate(self, prompt_ids):
+        calls.append(("generate", len(prompt_ids)))
+        return real(self, prompt_ids)
+
+    monkeypatch.setattr(Decoder, "generate", generate)
+    monkeypatch.setattr(Decoder, "compile_ahead", lambda self, shortest, longest: calls.append((shortest, longest)))
+    eval_task.run(cfg)
+    ahead = [i for i, call in enumerate(calls) if call[0] != "generate"]
+    records = [json.loads(line) for line in (tmp_path / "records.jsonl").read_text().splitlines()]
+    methods = len({r["method"] for r in records})
+    assert len(ahead) == methods and ahead[0] == methods  # after one warm-up generation per method, before the rest
+    (shortest, longest), = set(calls[i] for i in ahead)
+    assert shortest == min(r["prompt_len"] for r in records if r["turn"] == 0)
+    assert all(shortest <= r["prompt_len"] and r["prompt_len"] + r["new_tokens"] <= longest for r in records)
+
+
 def test_a_killed_run_resumes_without_duplicates_or_losses(tmp_path, monkeypatch):
     cfg = compose_cfg([*FAST, "eval.first_turn_only=true"], tmp_path)
     real = Decoder.generate

@@ -24,6 +24,7 @@ import statistics
 import time
 from pathlib import Path
 
+import specbench  # noqa: F401  before torch: it shortens OpenMP's spin (specbench/openmp.py)
 import numpy as np
 import pandas as pd
 import torch

@@ -117,6 +117,7 @@ class Evaluator:
             first = self._ids(todo[0], [])
             if len(first) < self.target.max_context - 1:
                 self._warmup(decoders, first)
+                self._compile_ahead(decoders, todo)
                 self._probe_memory(decoders, first)
             self._relearn()
         b = self.settings.batch_size
@@ -200,6 +201,16 @@ class Evaluator:
         for _ in range(self.settings.warmup):
             for _, decoder in decoders:
                 self._short(decoder, ids)
+
+    def _compile_ahead(self, decoders, todo: list[Prompt]) -> None:
+        """After the warm-up, whatever each target compiles per context size is compiled for the longest context the
+        run can reach (every turn's question and a full answer to each), so no prompt's time holds a compile."""
+        shortest = min(len(self._ids(p, [])) for p in todo)
+        longest = max(len(self._ids(p, [""] * (self._turns(p) - 1))) + self._turns(p) * self.settings.max_new_tokens
+                      for p in todo)
+        for _, decoder in decoders:
+            if isinstance(decoder, Decoder):
+                decoder.compile_ahead(shortest, longest)
 
     def _relearn(self) -> None:
         """A drafter that learns across answers forgets the untimed generations (the first prompt's answer, which it

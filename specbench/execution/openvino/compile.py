@@ -35,6 +35,9 @@ DYNAMIC_GROUP = 32
 # the build (a compile's resident cost, measured on the first)
 STATIC_ROWS = (1, 16, 4, 8)
 STATIC_MEMORY = 0.25
+# a call of STATIC_ROWS rows on a cache buffer of at most this many slots runs a model with every shape static
+# (StaticModels), compiled per row count and capacity as the run reaches them; longer contexts run the row models
+STATIC_CONTEXT = 2048
 log = logging.getLogger(__name__)
 
 
@@ -47,6 +50,48 @@ def compiled(model, properties: dict = PROPERTIES):
     with contextlib.suppress(SpecbenchError):  # a read-only cache: compiled every run, not cached
         core.set_property({"CACHE_DIR": str(cache_dir("openvino") / "compiled")})
     return core.compile_model(model, "CPU", properties | {"INFERENCE_NUM_THREADS": torch.get_num_threads()})
+
+
+class StaticModels:
+    """The models of one IR with every shape static, one per (rows, cache capacity) as a forward meets them, while
+    their resident cost fits in STATIC_MEMORY of the memory available at the first. The CPU plugin runs a static
+    graph without re-inferring each node's shapes per call, which cost the context-dynamic row models a fifth of a
+    one-row step (experiments/openvino_engine_speed). Each costs about as much memory as a row model (SmolLM2-135M
+    int8: a third of a GiB), so only sizes a run reaches are compiled, and a size past the budget or past `context`
+    slots runs the row model."""
+
+    def __init__(self, xml: str, properties: dict, context: int = STATIC_CONTEXT) -> None:
+        self.xml, self.properties, self.context = xml, properties, context
+        self.requests: dict[tuple[int, int], object] = {}
+        self.budget: float | None = None  # set at the first compile
+        self.spent = self.cost = 0  # resident bytes so far, and the largest one compile took
+
+    def request(self, rows: int, capacity: int):
+        """The infer request of the static model of `rows` rows on a cache buffer of `capacity` slots, compiled now
+        if it is new; None where it is past `context` or the budget."""
+        key = (rows, capacity)
+        if key in self.requests or not 0 < capacity <= self.context:
+            return self.requests.get(key)
+        if self.budget is None:
+            self.budget = STATIC_MEMORY * (available_bytes() or math.inf)
+        if self.spent + self.cost > self.budget:
+            return None
+        model = reshaped(self.xml, rows)
+        past = model.input("past").get_partial_shape()
+        model.reshape({"attention_mask": [1, 1, rows, capacity + rows],
+                       "past": [past[0].get_length(), 1, past[2].get_length(), capacity, past[4].get_length()]})
+        before = resident_bytes()
+        self.requests[key] = compiled(model, self.properties).create_infer_request()
+        grown = resident_bytes() - before
+        self.spent, self.cost = self.spent + grown, max(self.cost, grown)
+        if self.spent + self.cost > self.budget:
+            log.info("openvino: %d static models hold %d MiB, the budget of %d MiB; other sizes run the row models",
+                     len(self.requests), self.spent // 2**20, self.budget // 2**20)
+        return self.requests[key]
+
+    def rows_seen(self) -> set[int]:
+        """The row counts compiled so far."""
+        return {rows for rows, _ in self.requests}
 
 
 def row_models(xml: str, properties: dict, static_rows: tuple[int, ...] = STATIC_ROWS) -> dict:

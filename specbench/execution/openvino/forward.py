@@ -6,14 +6,15 @@ copies the cache in and none concatenates onto it: the new rows' keys and values
 and the layers grow by them. The buffer's capacity steps by CACHE_STEP tokens (the attention's shapes move only
 then, and one copy of the rows moves the cache into a larger buffer); the slots past the cache are masked and finite.
 verification's commit_path and crop work on these views as on any tensor. A call of a few rows runs a model compiled
-for its row count (compile.STATIC_ROWS), a longer prompt on an empty cache the prefill IR (attention.prefill_attention)
-and other calls (a large tree) the dynamic model; a batch of several sequences copies its cache in and appends to it.
+for its row count (compile.STATIC_ROWS) and, given `static`, for its buffer's capacity too (compile.StaticModels:
+every shape static, compiled on the first call at that size or ahead by `compile_ahead`); a longer prompt on an empty cache runs the prefill IR
+(attention.prefill_attention) and other calls (a large tree) the dynamic model; a batch of several sequences copies
+its cache in and appends to it.
 """
 
 from __future__ import annotations
 
 import weakref
-
 import torch
 from torch import nn
 from transformers import DynamicCache
@@ -21,6 +22,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from specbench.errors import SpecbenchError
 from specbench.execution.openvino.attention import RECENT_DEPTH, window_inputs
+from specbench.execution.openvino.compile import StaticModels
 from specbench.execution.openvino.export import INPUTS
 from specbench.execution.openvino.settings import ROW_INVARIANT_FORMAT
 from specbench.models.shape import head_dim
@@ -74,10 +76,12 @@ class OpenVinoForward(nn.Module):
     """A causal LM's forward as the methods call it (input ids or embeddings, a 4D or 2D mask or none, positions, a
     DynamicCache, logits_to_keep), run by a compiled OpenVINO IR (export.py). The embedding stays a PyTorch module, so
     `get_input_embeddings`, `parameters()` and the memory accounting see it. `claims` says what the route promises of
-    a verify's rows (BITWISE, ROUNDING or DIFFERS)."""
+    a verify's rows (BITWISE, ROUNDING or DIFFERS). `static` (compile.StaticModels) runs a call of a compiled row
+    count at its cache buffer's capacity where it can; without it those calls run the row models, context dynamic."""
 
     def __init__(self, model: nn.Module, compiled, by_rows: dict | None = None, claims: str = ROUNDING,
-                 row_invariant: bool = False, prefill: "OpenVinoForward | None" = None) -> None:
+                 row_invariant: bool = False, prefill: "OpenVinoForward | None" = None,
+                 static: "StaticModels | None" = None) -> None:
         super().__init__()
         import openvino as ov
 
@@ -92,6 +96,7 @@ class OpenVinoForward(nn.Module):
         self.request = compiled.create_infer_request()  # batch 1: reads a cache buffer in place
         self.batch_request = compiled.create_infer_request()  # batches: the cache copied into its own memory
         self.by_rows = {rows: c.create_infer_request() for rows, c in (by_rows or {}).items()}
+        self.static = static
         self._empty = ov.Tensor(torch.zeros(shape[0], 1, shape[1], 0, shape[2]).numpy())  # an empty cache's input
         self._views: dict[tuple[int, int], tuple[tuple[int, ...], torch.Tensor]] = {}  # (request, port) -> its view
         self._bound: dict[int, object] = {}  # request -> the past tensor it reads
@@ -126,7 +131,6 @@ class OpenVinoForward(nn.Module):
         if batch != 1:
             return self._batched(embeds, mask, position_ids, cache, output_hidden_states, logits_to_keep)
         rows = self._rows(n)
-        request = self.by_rows[rows] if rows else self.request
         call_rows = rows or (max(n, ROW_INVARIANT_MIN_ROWS) if self.row_invariant else n)
         buffer = self.buffers.holding(cache, past + n)
         for t, slot in zip(_tensors(cache), buffer.layers):
@@ -136,6 +140,7 @@ class OpenVinoForward(nn.Module):
             embeds, mask, position_ids = _padded_rows(embeds, mask, position_ids, call_rows)
         # recent_attention gathers from a cache of at least one slot; an empty cache is read as none
         width = buffer.capacity if past or self.row_invariant else 0
+        request = self._request(rows, width)
         if self.row_invariant:
             cached, *window = window_inputs(mask, position_ids, past, width)
             values = {1: cached, **dict(enumerate(window, start=len(INPUTS)))}
@@ -198,6 +203,23 @@ class OpenVinoForward(nn.Module):
             if output_hidden_states else None
         return CausalLMOutputWithPast(logits=torch.cat([o.logits for o in outs], 1), past_key_values=cache,
                                       hidden_states=hidden)
+
+    def compile_ahead(self, shortest: int, longest: int) -> None:
+        """Compile now the static models of every row count this forward has run at, for every buffer capacity a
+        cache of `shortest` to `longest` tokens takes: a run that calls this after its untimed warm-up (which met
+        its row counts) times no compile."""
+        if self.static is None:
+            return
+        for rows in self.static.rows_seen():
+            for capacity in range(-(-(shortest + 1) // CACHE_STEP) * CACHE_STEP, longest + CACHE_STEP, CACHE_STEP):
+                self.static.request(rows, capacity)
+
+    def _request(self, rows: int | None, width: int):
+        """The request a batch-1 call of `rows` compiled rows (None: the dynamic model) on a cache buffer of `width`
+        slots runs: the static model of that size where StaticModels has or can compile one, else the row model."""
+        if not rows:
+            return self.request
+        return (self.static is not None and self.static.request(rows, width)) or self.by_rows[rows]
 
     def _rows(self, n: int) -> int | None:
         """The row count of the compiled model this batch-1 call of n rows runs at (the smallest holding it)."""

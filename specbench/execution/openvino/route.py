@@ -10,13 +10,14 @@ import torch
 
 from specbench.errors import SpecbenchError
 from specbench.execution.openvino.attention import ATTENTION, PREFILL_ATTENTION, ROW_INVARIANT_ATTENTION
-from specbench.execution.openvino.compile import (DYNAMIC_GROUP, PROPERTIES, STATIC_ROWS, compiled,
+from specbench.execution.openvino.compile import (DYNAMIC_GROUP, PROPERTIES, STATIC_ROWS, StaticModels, compiled,
                                                   quantises_activations, row_models)
 from specbench.execution.openvino.export import exported
 from specbench.execution.openvino.forward import ROW_INVARIANT_MIN_ROWS, OpenVinoForward
 from specbench.execution.openvino.settings import OWN_FORMATS, group_problem, unsupported
 from specbench.execution.row_claims import BITWISE, DIFFERS, ROUNDING
 from specbench.models.loading import LoadedModel, with_dtype
+from specbench import openmp
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +35,10 @@ def with_openvino(target: LoadedModel, weights: str) -> LoadedModel:
         raise SpecbenchError(f"model.backend=openvino compresses the float weights itself; it was given a target with "
                              f"weights {target.weights} on backend {target.backend}: give it the eager float model "
                              f"(Execution('openvino', 'float32', '{weights}').apply does)")
+    if not openmp.SHORT_SPIN:
+        log.warning("model.backend=openvino: torch was loaded before specbench, so its OpenMP threads spin on the "
+                    "cores OpenVINO's run on (a one-row step about a fifth longer): import specbench before torch or "
+                    "set GOMP_SPINCOUNT=%s (specbench/openmp.py)", openmp.SPIN_COUNT)
     fp32 = with_dtype(target, "float32")
     head, _, group = weights.partition("_g")
     # w4a8 and w4a8r compile the int4 IR (w4a8r's traces recent_attention) with activations quantised on the fly
@@ -55,8 +60,10 @@ def with_openvino(target: LoadedModel, weights: str) -> LoadedModel:
     # IR exported once and compiled beside the route's.
     prefill = OpenVinoForward(fp32.model, compiled(exported(fp32, stored, PREFILL_ATTENTION), properties),
                               claims=claims)
+    # w4a8r keeps its row models: its bitwise claim was measured on them (experiments/openvino_row_invariant)
+    static = None if row_invariant else StaticModels(xml, properties)
     forward = OpenVinoForward(fp32.model, compiled(xml, properties), row_models(xml, properties, rows), claims,
-                              row_invariant, prefill)
+                              row_invariant, prefill, static)
     return dataclasses.replace(target, model=forward, backend="openvino", weights=weights)
 
 
