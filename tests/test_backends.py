@@ -167,10 +167,10 @@ def test_openvino_runs_batch_one_calls_at_a_compiled_row_count_with_the_dynamic_
     model = fast["openvino"].model
     assert model._rows(3) == 4 and model._rows(1) == 1 and model._rows(16) == 16 and model._rows(17) is None
     prompt, tree = torch.arange(10, 30)[None], TokenTree(torch.tensor([5, 7, 9]), torch.tensor([-1, 0, 0]))
-    outputs, by_rows = [], model.by_rows
+    outputs, by_rows, static = [], model.by_rows, model.static
     try:
         for compiled_rows in (by_rows, {}):
-            model.by_rows = compiled_rows
+            model.by_rows, model.static = compiled_rows, static if compiled_rows else None
             with torch.inference_mode():
                 cache = DynamicCache()
                 model(input_ids=prompt, past_key_values=cache, use_cache=True)
@@ -178,7 +178,7 @@ def test_openvino_runs_batch_one_calls_at_a_compiled_row_count_with_the_dynamic_
                 step = model(input_ids=torch.tensor([[3]]), past_key_values=cache, output_hidden_states=True)
             outputs.append((out.logits, step.logits, step.hidden_states, cache.layers[0].keys))
     finally:
-        model.by_rows = by_rows
+        model.by_rows, model.static = by_rows, static
     (tree_a, step_a, hidden_a, keys_a), (tree_b, step_b, hidden_b, keys_b) = outputs
     assert tree_a.shape == tree_b.shape == (3, tiny.model.config.vocab_size)
     assert keys_a.shape[-2] == keys_b.shape[-2] == 20 + 3 + 1  # the padding rows never reach the cache
@@ -303,10 +303,11 @@ def test_openvino_compiles_only_the_row_counts_its_memory_budget_holds(tiny, fas
 
 @pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed")
 def test_openvino_runs_each_cache_capacity_on_a_static_model_with_the_row_models_outputs(tiny, fast, monkeypatch):
-    """A call of a compiled row count on a cache buffer runs the model of that row count and capacity, every shape
-    static, compiled once on first use: its logits, hidden states and cache rows are the row model's. compile_ahead
-    compiles the capacities a context range takes for the row counts met so far; past the memory budget (the first
-    is always built) a size runs the row model."""
+    """A call on a cache buffer runs the model of the fewest SIZED_ROWS holding it and the buffer's capacity, every
+    shape static, compiled once on first use: its logits, hidden states and cache rows are the row model's (a 3-node
+    tree runs 3 rows, where the row models pad it to 4). compile_ahead
+    compiles the capacities a context range takes for the row counts met so far; where one more would leave less
+    free memory than the floor, a size runs the row model."""
     from specbench.execution.openvino.compile import StaticModels
     from specbench.execution.openvino.forward import CACHE_STEP, PAST
 
@@ -325,21 +326,25 @@ def test_openvino_runs_each_cache_capacity_on_a_static_model_with_the_row_models
             outputs.append((out.logits, out.hidden, step.logits, step.hidden_states, cache.layers[0].keys))
     finally:
         model.static = static
-    assert {(4, CACHE_STEP), (1, CACHE_STEP)} <= set(static.requests)
+    assert {(3, CACHE_STEP), (1, CACHE_STEP)} <= set(static.requests)
+    assert model._sized(3, CACHE_STEP) == (3, static.requests[3, CACHE_STEP]) and model._rows(3) == 4
     request = static.requests[1, CACHE_STEP]
     assert tuple(request.get_input_tensor(PAST).shape)[3] == CACHE_STEP
     for a, b in zip(*outputs):
         a, b = (a, b) if isinstance(a, torch.Tensor) else (torch.stack(a), torch.stack(b))
         assert a.shape == b.shape and torch.allclose(a, b, atol=1e-5)
     model.compile_ahead(20, CACHE_STEP + 10)
-    assert {(4, 2 * CACHE_STEP), (1, 2 * CACHE_STEP)} <= set(static.requests) and static.requests[1, CACHE_STEP] is request
+    assert {(3, 2 * CACHE_STEP), (1, 2 * CACHE_STEP)} <= set(static.requests) and static.requests[1, CACHE_STEP] is request
     assert not any(capacity > 2 * CACHE_STEP for _, capacity in static.requests)
 
     from specbench.execution.openvino import compile as compiling
 
-    monkeypatch.setattr(compiling, "available_bytes", lambda: 1)  # nothing to spare: the first size only
-    lean = StaticModels(static.xml, static.properties)
-    assert lean.request(1, CACHE_STEP) is not None and lean.request(4, CACHE_STEP) is None
+    lean, left = StaticModels(static.xml, static.properties), iter([10, 6, 4])  # GiB free before each compile
+    monkeypatch.setattr(compiling, "total_bytes", lambda: 16 * 2**30)  # the floor: 8 GiB free
+    monkeypatch.setattr(compiling, "available_bytes", lambda: next(left) * 2**30)
+    assert lean.request(1, CACHE_STEP) is not None  # 10 GiB free: above the floor
+    lean.cost = 2**30  # as if the compile had taken 1 GiB: 6 - 1 is under the floor, and so is every later one
+    assert lean.request(2, CACHE_STEP) is None and lean.request(3, CACHE_STEP) is None and lean.full
     assert lean.request(1, CACHE_STEP) is lean.requests[1, CACHE_STEP] and lean.request(1, 2 * lean.context) is None
 
 

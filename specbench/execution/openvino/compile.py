@@ -35,9 +35,14 @@ DYNAMIC_GROUP = 32
 # the build (a compile's resident cost, measured on the first)
 STATIC_ROWS = (1, 16, 4, 8)
 STATIC_MEMORY = 0.25
-# a call of STATIC_ROWS rows on a cache buffer of at most this many slots runs a model with every shape static
-# (StaticModels), compiled per row count and capacity as the run reaches them; longer contexts run the row models
-STATIC_CONTEXT = 2048
+# a batch-1 call on a cache buffer of at most STATIC_CONTEXT slots runs a model with every shape static (StaticModels)
+# at the fewest of SIZED_ROWS rows that hold it, compiled per row count and capacity as the run reaches them; longer
+# contexts run the row models. Its row counts are finer than STATIC_ROWS' because only those a run meets are built:
+# a verify's cost grows with every row on a CPU (experiments/openvino_engine_speed), and drafts of 2 or 3 nodes (a
+# chain of 2, PLD's and suffix decoding's short matches) would pay for 4 rows
+STATIC_CONTEXT = 4096
+SIZED_ROWS = (1, 2, 3, 4, 8, 16)
+STATIC_FLOOR = 0.5
 log = logging.getLogger(__name__)
 
 
@@ -53,28 +58,31 @@ def compiled(model, properties: dict = PROPERTIES):
 
 
 class StaticModels:
-    """The models of one IR with every shape static, one per (rows, cache capacity) as a forward meets them, while
-    their resident cost fits in STATIC_MEMORY of the memory available at the first. The CPU plugin runs a static
-    graph without re-inferring each node's shapes per call, which cost the context-dynamic row models a fifth of a
-    one-row step (experiments/openvino_engine_speed). Each costs about as much memory as a row model (SmolLM2-135M
-    int8: a third of a GiB), so only sizes a run reaches are compiled, and a size past the budget or past `context`
-    slots runs the row model."""
+    """The models of one IR with every shape static, one per (rows, cache capacity) as a forward meets them. The CPU
+    plugin runs a static graph without re-inferring each node's shapes per call, which cost the context-dynamic row
+    models a fifth of a one-row step (experiments/openvino_engine_speed). Each costs about as much memory as a row
+    model (SmolLM2-135M int8: a third of a GiB), so only sizes a run reaches are compiled, and only while the memory
+    left after one more stays above STATIC_FLOOR of the machine's, whichever routes hold the rest (a run builds
+    several: its target, other executions' plain decoding, the profile's); a size past that or past `context` slots
+    runs the row model."""
 
     def __init__(self, xml: str, properties: dict, context: int = STATIC_CONTEXT) -> None:
         self.xml, self.properties, self.context = xml, properties, context
         self.requests: dict[tuple[int, int], object] = {}
-        self.budget: float | None = None  # set at the first compile
-        self.spent = self.cost = 0  # resident bytes so far, and the largest one compile took
+        self.cost = 0  # the most resident memory one compile took
+        self.full = False  # the floor was reached: no more compiles
 
     def request(self, rows: int, capacity: int):
         """The infer request of the static model of `rows` rows on a cache buffer of `capacity` slots, compiled now
-        if it is new; None where it is past `context` or the budget."""
+        if it is new; None where it is past `context` or the memory floor."""
         key = (rows, capacity)
-        if key in self.requests or not 0 < capacity <= self.context:
+        if key in self.requests or self.full or not 0 < capacity <= self.context:
             return self.requests.get(key)
-        if self.budget is None:
-            self.budget = STATIC_MEMORY * (available_bytes() or math.inf)
-        if self.spent + self.cost > self.budget:
+        available, total = available_bytes(), total_bytes()
+        if available is not None and total is not None and available - self.cost < STATIC_FLOOR * total:
+            self.full = True
+            log.info("openvino: %d static models built; %d MiB of memory left, so other sizes run the row models",
+                     len(self.requests), available // 2**20)
             return None
         model = reshaped(self.xml, rows)
         past = model.input("past").get_partial_shape()
@@ -82,11 +90,7 @@ class StaticModels:
                        "past": [past[0].get_length(), 1, past[2].get_length(), capacity, past[4].get_length()]})
         before = resident_bytes()
         self.requests[key] = compiled(model, self.properties).create_infer_request()
-        grown = resident_bytes() - before
-        self.spent, self.cost = self.spent + grown, max(self.cost, grown)
-        if self.spent + self.cost > self.budget:
-            log.info("openvino: %d static models hold %d MiB, the budget of %d MiB; other sizes run the row models",
-                     len(self.requests), self.spent // 2**20, self.budget // 2**20)
+        self.cost = max(self.cost, resident_bytes() - before)
         return self.requests[key]
 
     def rows_seen(self) -> set[int]:
@@ -142,12 +146,21 @@ def available_bytes() -> int | None:
     """Memory the OS can give without swapping (Linux's MemAvailable; else free pages), None where unknown. Read by
     hand, as resident_bytes is: psutil does both, but it is no dependency of this project (installed here only
     through another package's requirements)."""
+    return _memory("MemAvailable:", "SC_AVPHYS_PAGES")
+
+
+def total_bytes() -> int | None:
+    """The machine's memory (Linux's MemTotal; else its physical pages), None where unknown."""
+    return _memory("MemTotal:", "SC_PHYS_PAGES")
+
+
+def _memory(field: str, pages: str) -> int | None:
     with contextlib.suppress(OSError, ValueError):
         for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
+            if line.startswith(field):
                 return int(line.split()[1]) * 1024
     with contextlib.suppress(OSError, ValueError, AttributeError):
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        return os.sysconf(pages) * os.sysconf("SC_PAGE_SIZE")
     return None
 
 

@@ -6,8 +6,9 @@ copies the cache in and none concatenates onto it: the new rows' keys and values
 and the layers grow by them. The buffer's capacity steps by CACHE_STEP tokens (the attention's shapes move only
 then, and one copy of the rows moves the cache into a larger buffer); the slots past the cache are masked and finite.
 verification's commit_path and crop work on these views as on any tensor. A call of a few rows runs a model compiled
-for its row count (compile.STATIC_ROWS) and, given `static`, for its buffer's capacity too (compile.StaticModels:
-every shape static, compiled on the first call at that size or ahead by `compile_ahead`); a longer prompt on an empty cache runs the prefill IR
+for its row count (compile.STATIC_ROWS) or, given `static`, for its row count (compile.SIZED_ROWS) and its buffer's
+capacity (compile.StaticModels: every shape static, compiled on the first call at that size or ahead by
+`compile_ahead`); a longer prompt on an empty cache runs the prefill IR
 (attention.prefill_attention) and other calls (a large tree) the dynamic model; a batch of several sequences copies
 its cache in and appends to it.
 """
@@ -22,7 +23,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from specbench.errors import SpecbenchError
 from specbench.execution.openvino.attention import RECENT_DEPTH, window_inputs
-from specbench.execution.openvino.compile import StaticModels
+from specbench.execution.openvino.compile import SIZED_ROWS, StaticModels
 from specbench.execution.openvino.export import INPUTS
 from specbench.execution.openvino.settings import ROW_INVARIANT_FORMAT
 from specbench.models.shape import head_dim
@@ -130,17 +131,16 @@ class OpenVinoForward(nn.Module):
             return self._in_pieces(embeds, mask, position_ids, cache, output_hidden_states)
         if batch != 1:
             return self._batched(embeds, mask, position_ids, cache, output_hidden_states, logits_to_keep)
-        rows = self._rows(n)
-        call_rows = rows or (max(n, ROW_INVARIANT_MIN_ROWS) if self.row_invariant else n)
         buffer = self.buffers.holding(cache, past + n)
         for t, slot in zip(_tensors(cache), buffer.layers):
             if past and not views(t, slot):  # a cache filled elsewhere, or outgrowing its buffer: one copy
                 slot[:, :, :past] = t
-        if call_rows > n:
-            embeds, mask, position_ids = _padded_rows(embeds, mask, position_ids, call_rows)
         # recent_attention gathers from a cache of at least one slot; an empty cache is read as none
         width = buffer.capacity if past or self.row_invariant else 0
-        request = self._request(rows, width)
+        rows, request = self._sized(n, width)
+        call_rows = rows or (max(n, ROW_INVARIANT_MIN_ROWS) if self.row_invariant else n)
+        if call_rows > n:
+            embeds, mask, position_ids = _padded_rows(embeds, mask, position_ids, call_rows)
         if self.row_invariant:
             cached, *window = window_inputs(mask, position_ids, past, width)
             values = {1: cached, **dict(enumerate(window, start=len(INPUTS)))}
@@ -214,12 +214,15 @@ class OpenVinoForward(nn.Module):
             for capacity in range(-(-(shortest + 1) // CACHE_STEP) * CACHE_STEP, longest + CACHE_STEP, CACHE_STEP):
                 self.static.request(rows, capacity)
 
-    def _request(self, rows: int | None, width: int):
-        """The request a batch-1 call of `rows` compiled rows (None: the dynamic model) on a cache buffer of `width`
-        slots runs: the static model of that size where StaticModels has or can compile one, else the row model."""
-        if not rows:
-            return self.request
-        return (self.static is not None and self.static.request(rows, width)) or self.by_rows[rows]
+    def _sized(self, n: int, width: int) -> tuple[int | None, object]:
+        """(rows, request) for a batch-1 call of n rows on a cache buffer of `width` slots: the fewest rows holding n
+        that a static model of that capacity (StaticModels, any of SIZED_ROWS) or a row model runs, the call padded
+        up to them; else the dynamic model at n rows (rows None)."""
+        for rows in sorted({*SIZED_ROWS, *self.by_rows}):
+            request = self.static.request(rows, width) if self.static is not None and rows >= n else None
+            if rows >= n and (request is not None or rows in self.by_rows):
+                return rows, request or self.by_rows[rows]
+        return None, self.request
 
     def _rows(self, n: int) -> int | None:
         """The row count of the compiled model this batch-1 call of n rows runs at (the smallest holding it)."""

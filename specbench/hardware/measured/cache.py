@@ -22,7 +22,7 @@ from specbench.models.loading import cache_dir, cache_root
 # Bump when a change to the executions (specbench/execution/), the profiler or the checks stored with a profile would
 # make a measurement give other numbers: every machine then measures again. Comments, names and refactors that keep
 # what a forward computes and costs leave it alone (the key does not read any source).
-MEASURING_VERSION = 3
+MEASURING_VERSION = 4
 # the libraries whose kernels and graphs the measured forwards run
 MEASURED_LIBRARIES = ("torch", "transformers", "openvino", "nncf")
 
