@@ -5,17 +5,17 @@ memory OpenVINO's requests read as their `past` input and whose leading slots th
 copies the cache in and none concatenates onto it: the new rows' keys and values are written behind the cached ones
 and the layers grow by them. The buffer's capacity steps by CACHE_STEP tokens (the attention's shapes move only
 then, and one copy of the rows moves the cache into a larger buffer); the slots past the cache are masked and finite.
-verification's commit_path and crop work on these views as on any tensor. A call of a few rows runs a model compiled
-for its row count (compile.STATIC_ROWS) or, given `static`, for its row count (compile.SIZED_ROWS) and its buffer's
-capacity (compile.StaticModels: every shape static, compiled on the first call at that size or ahead by
-`compile_ahead`); a longer prompt on an empty cache runs the prefill IR
-(attention.prefill_attention) and other calls (a large tree) the dynamic model; a batch of several sequences copies
-its cache in and appends to it.
+verification's commit_path and crop work on these views as on any tensor. A call of a few rows on a cache buffer runs
+a model with every shape static, compiled for its row count and the buffer's capacity (compile.StaticModels: on the
+first call at that size, or ahead by `compile_ahead`); where there is none, a model compiled for its row count alone
+(compile.STATIC_ROWS). A longer prompt on an empty cache runs the prefill IR (attention.prefill_attention) and other
+calls (a large tree) the dynamic model; a batch of several sequences copies its cache in and appends to it.
 """
 
 from __future__ import annotations
 
 import weakref
+
 import torch
 from torch import nn
 from transformers import DynamicCache
@@ -205,12 +205,13 @@ class OpenVinoForward(nn.Module):
                                       hidden_states=hidden)
 
     def compile_ahead(self, shortest: int, longest: int) -> None:
-        """Compile now the static models of every row count this forward has run at, for every buffer capacity a
-        cache of `shortest` to `longest` tokens takes: a run that calls this after its untimed warm-up (which met
-        its row counts) times no compile."""
+        """Compile now the static models of every row count up to the most this forward has run at, for every
+        buffer capacity a cache of `shortest` to `longest` tokens takes: a run that calls this after its untimed
+        warm-up (which met its largest draft) times no compile, smaller drafts of a later step included."""
         if self.static is None:
             return
-        for rows in self.static.rows_seen():
+        most = max(self.static.rows_seen(), default=0)
+        for rows in (r for r in SIZED_ROWS if r <= most):
             for capacity in range(-(-(shortest + 1) // CACHE_STEP) * CACHE_STEP, longest + CACHE_STEP, CACHE_STEP):
                 self.static.request(rows, capacity)
 
@@ -218,10 +219,12 @@ class OpenVinoForward(nn.Module):
         """(rows, request) for a batch-1 call of n rows on a cache buffer of `width` slots: the fewest rows holding n
         that a static model of that capacity (StaticModels, any of SIZED_ROWS) or a row model runs, the call padded
         up to them; else the dynamic model at n rows (rows None)."""
-        for rows in sorted({*SIZED_ROWS, *self.by_rows}):
-            request = self.static.request(rows, width) if self.static is not None and rows >= n else None
-            if rows >= n and (request is not None or rows in self.by_rows):
-                return rows, request or self.by_rows[rows]
+        for rows in sorted(r for r in {*SIZED_ROWS, *self.by_rows} if r >= n):
+            request = self.static.request(rows, width) if self.static is not None else None
+            if request is None:
+                request = self.by_rows.get(rows)
+            if request is not None:
+                return rows, request
         return None, self.request
 
     def _rows(self, n: int) -> int | None:
