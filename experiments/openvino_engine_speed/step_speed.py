@@ -221,7 +221,8 @@ def profile(loaded, weights: str, contexts: list[int], generator) -> None:
             cache = DynamicCache(config=model.config)
             with torch.inference_mode():
                 model(input_ids=torch.tensor([prompt]), past_key_values=cache, logits_to_keep=1)
-                request = model.by_rows[model._rows(rows)]
+                # the request the call runs: the static model of its rows and its buffer's capacity where there is one
+                _, request = model._sized(rows, model.buffers.holding(cache, context + rows).capacity)
                 walls, infers, real = [], [], request.infer
 
                 def timed(*a, **k):
