@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 
@@ -66,13 +65,11 @@ def main() -> None:
                                       side], env=env | {"HF_HUB_OFFLINE": "1"}, capture_output=True, text=True,
                                      check=True)
                 steps.setdefault((execution, side), []).append(float(run.stdout.split()[-1]))
+    from side_by_side import report  # this folder's
     from specbench.openmp import SPIN_COUNT  # here, not at the top: the default side's child loads torch first
 
-    for execution in args.executions:
-        default, short = (statistics.median(steps[execution, side]) for side in ("default", "short"))
-        print(f"{execution}: step {default:.2f} ms with libgomp's default spin, {short:.2f} ms with "
-              f"GOMP_SPINCOUNT={args.spin or SPIN_COUNT} ({short / default:.2f}x); rounds {steps[execution, 'default']} / "
-              f"{steps[execution, 'short']}")
+    report(steps, args.executions, ("short", "default"),
+           (f"with GOMP_SPINCOUNT={args.spin or SPIN_COUNT}", "with libgomp's default spin"))
 
 
 if __name__ == "__main__":

@@ -12,10 +12,10 @@ switched off for the row models' turn. Printed: each side's median step (decode 
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import specbench  # noqa: F401  before torch: it shortens OpenMP's spin (specbench/openmp.py)
 import torch
+from side_by_side import report  # this folder's
 
 from specbench.acceptance import ExactAcceptance
 from specbench.decoding import Decoder
@@ -57,12 +57,7 @@ def main() -> None:
     model.static = static
     print(f"prompt {len(prompt)} tokens, {args.tokens} new, {torch.get_num_threads()} threads, openvino {args.weights}; "
           f"static models built: {sorted(static.requests)}")
-    for name in decoders:
-        fixed, dynamic = (statistics.median(steps[name, side]) for side in ("static", "row models"))
-        print(f"{name}: step {fixed:.2f} ms on static models, {dynamic:.2f} ms on the row models "
-              f"({fixed / dynamic:.2f}x); rounds {[round(x, 2) for x in steps[name, 'static']]} / "
-              f"{[round(x, 2) for x in steps[name, 'row models']]}")
-
+    report(steps, decoders, ("static", "row models"), ("on static models", "on the row models"))
 
 if __name__ == "__main__":
     main()
