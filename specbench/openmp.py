@@ -3,8 +3,9 @@
 torch's pip wheels run their parallel regions on GNU OpenMP, whose idle workers spin for GOMP_SPINCOUNT iterations
 (300,000 by default) before they sleep. Between two OpenVINO calls the loop runs a few small torch ops (the argmax,
 the embedding, the cache's bookkeeping); the workers then spin through the next call, on the same two cores as
-OpenVINO's threads, and the openvino route's one-row step took a fifth longer. A short spin costs the eager forward
-nothing measurable: its next region follows within the short spin (experiments/openvino_engine_speed, openmp_spin.py).
+OpenVINO's threads, and the openvino route's one-row step took longer. A short spin costs the eager forward little,
+as its next region mostly follows within it; the deployed route's gain outweighs that cost
+(experiments/openvino_engine_speed, openmp_spin.py).
 libgomp reads the variable once, when torch loads it, so this module runs as specbench is imported and applies only
 where torch was not loaded before it. A user's own GOMP_SPINCOUNT or OMP_WAIT_POLICY stands.
 """

@@ -60,12 +60,11 @@ def compiled(model, properties: dict = PROPERTIES, cached: bool = True):
 
 class StaticModels:
     """The models of one IR with every shape static, one per (rows, cache capacity) as a forward meets them. The CPU
-    plugin runs a static graph without re-inferring each node's shapes per call, which cost the context-dynamic row
-    models a fifth of a one-row step (experiments/openvino_engine_speed). Each costs about as much memory as a row
-    model (SmolLM2-135M int8: a third of a GiB), so only sizes a run reaches are compiled, and only while the memory
-    left after one more stays above STATIC_FLOOR of the machine's, whichever routes hold the rest (a run builds
-    several: its target, other executions' plain decoding, the profile's); a size past that or past `context` slots
-    runs the row model."""
+    plugin runs a static graph without re-inferring each node's shapes per call, which made the context-dynamic row
+    models' steps longer (experiments/openvino_engine_speed). Each holds its own copy of the weights, as a row model
+    does, so only sizes a run reaches are compiled, and only while the memory left after one more stays above
+    STATIC_FLOOR of the machine's, whichever routes hold the rest (a run builds several: its target, other executions'
+    plain decoding, the profile's); a size past that or past `context` slots runs the row model."""
 
     def __init__(self, xml: str, properties: dict, context: int = STATIC_CONTEXT) -> None:
         self.xml, self.properties, self.context = xml, properties, context
@@ -85,13 +84,10 @@ class StaticModels:
             log.info("openvino: %d static models built; %d MiB of memory left, so other sizes run the row models",
                      len(self.requests), available // 2**20)
             return None
-        model = reshaped(self.xml, rows)
-        past = model.input("past").get_partial_shape()
-        model.reshape({"attention_mask": [1, 1, rows, capacity + rows],
-                       "past": [past[0].get_length(), 1, past[2].get_length(), capacity, past[4].get_length()]})
+        model = reshaped(self.xml, rows, capacity)
         before = resident_bytes()
-        # not cached: a blob is a copy of the weights on disk (SmolLM2-135M int8: 138 MB), one per size, and one run
-        # builds a dozen sizes; a compile takes 1.6-2.2 s against an import's 0.6 (experiments/openvino_engine_speed)
+        # not cached: a blob is a copy of the weights on disk, one per size, and one run builds a dozen sizes; a
+        # compile from the IR takes a few times an import's second, untimed (experiments/openvino_engine_speed)
         self.requests[key] = compiled(model, self.properties, cached=False).create_infer_request()
         self.cost = max(self.cost, resident_bytes() - before)
         return self.requests[key]
@@ -178,15 +174,17 @@ def resident_bytes() -> int:
     return peak if sys.platform == "darwin" else peak * 1024
 
 
-def reshaped(xml: str, rows: int):
-    """The IR at `xml` for batch 1 and `rows` new rows (every row's logits), its context dynamic."""
+def reshaped(xml: str, rows: int, capacity: int = -1):
+    """The IR at `xml` for batch 1 and `rows` new rows (every row's logits) on a cache of `capacity` slots (-1: its
+    context dynamic)."""
     import openvino as ov
 
     model = ov.Core().read_model(xml)
     past, hidden = (model.input(name).get_partial_shape() for name in ("past", "inputs_embeds"))
     row_invariant = any(RECENT_INPUTS[0] in port.get_names() for port in model.inputs)
-    shapes = {"inputs_embeds": [1, rows, hidden[2].get_length()], "attention_mask": [1, 1, rows, -1],
-              "position_ids": [1, rows], "past": [past[0].get_length(), 1, past[2].get_length(), -1,
+    keys = capacity + rows if capacity >= 0 else -1
+    shapes = {"inputs_embeds": [1, rows, hidden[2].get_length()], "attention_mask": [1, 1, rows, keys],
+              "position_ids": [1, rows], "past": [past[0].get_length(), 1, past[2].get_length(), capacity,
                                                   past[4].get_length()], "logits_rows": [rows], "hidden_rows": [-1]}
     model.reshape(shapes | ({name: [rows, RECENT_WINDOW] for name in RECENT_INPUTS} if row_invariant else {}))
     return model

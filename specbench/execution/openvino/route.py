@@ -8,6 +8,7 @@ import logging
 
 import torch
 
+from specbench import openmp
 from specbench.errors import SpecbenchError
 from specbench.execution.openvino.attention import ATTENTION, PREFILL_ATTENTION, ROW_INVARIANT_ATTENTION
 from specbench.execution.openvino.compile import (DYNAMIC_GROUP, PROPERTIES, STATIC_ROWS, StaticModels, compiled,
@@ -17,7 +18,6 @@ from specbench.execution.openvino.forward import ROW_INVARIANT_MIN_ROWS, OpenVin
 from specbench.execution.openvino.settings import OWN_FORMATS, group_problem, unsupported
 from specbench.execution.row_claims import BITWISE, DIFFERS, ROUNDING
 from specbench.models.loading import LoadedModel, with_dtype
-from specbench import openmp
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +37,8 @@ def with_openvino(target: LoadedModel, weights: str) -> LoadedModel:
                              f"(Execution('openvino', 'float32', '{weights}').apply does)")
     if not openmp.SHORT_SPIN:
         log.warning("model.backend=openvino: torch was loaded before specbench, so its OpenMP threads spin on the "
-                    "cores OpenVINO's run on (a one-row step about a fifth longer): import specbench before torch or "
-                    "set GOMP_SPINCOUNT=%s (specbench/openmp.py)", openmp.SPIN_COUNT)
+                    "cores OpenVINO's run on, which lengthens every step: import specbench before torch or set "
+                    "GOMP_SPINCOUNT=%s (specbench/openmp.py, experiments/openvino_engine_speed)", openmp.SPIN_COUNT)
     fp32 = with_dtype(target, "float32")
     head, _, group = weights.partition("_g")
     # w4a8 and w4a8r compile the int4 IR (w4a8r's traces recent_attention) with activations quantised on the fly
