@@ -16,7 +16,7 @@ from specbench.drafters.base import DecodeState, Drafter, StepOutcome
 from specbench.errors import SpecbenchError
 from specbench.timing import StepTimer
 from specbench.trees.token_tree import TokenTree
-from specbench.verification import VerifyOutput, cache_bytes, commit_path, new_cache, verify_tree
+from specbench.verification import VerifyOutput, cache_bytes, commit_path, new_cache, selected_hidden, verify_tree
 
 
 @dataclass
@@ -83,12 +83,15 @@ class Decoder:
         start = timer.mark()
         prompt = TokenTree.chain(prompt_ids[0], prompt_ids[1:])
         extras = self._prefill_extras(self.drafter, prompt)
-        if extras is None:
+        if extras is None or len(extras[1]) == 0:
             # the last row's logits only, as the engines project a prompt: every row's would add a projection of the
-            # whole prompt onto the vocabulary, which nothing reads (experiments/openvino_engine_speed)
+            # whole prompt onto the vocabulary, which nothing reads (experiments/openvino_engine_speed). A drafter
+            # whose extras are empty (EAGLE) observes the prefill for the features at every prompt row, not logits.
             out = self.model(input_ids=torch.tensor([prompt_ids], device=self.model.device), past_key_values=cache,
                              use_cache=True, output_hidden_states=want_hidden, logits_to_keep=1)
-            last = VerifyOutput(out.logits[0, -1:].float(), out.hidden_states[-1][0, -1:] if want_hidden else None)
+            hidden = selected_hidden(out, want_hidden)
+            pout = VerifyOutput(out.logits[0, -1:].float(), None if hidden is None else hidden[0])
+            last = VerifyOutput(pout.logits, None if hidden is None else pout.hidden[-1:])
         else:  # the prompt and the drafter's extras in one forward; only the prompt's entries stay in the cache
             pout = verify_tree(self.model, cache, prompt, want_hidden, *extras)
             commit_path(cache, 0, list(range(prompt_len)))

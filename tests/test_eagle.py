@@ -166,6 +166,26 @@ def test_batched_decoding_equals_the_single_decoder(target, artifacts):
     assert [g.accept_lengths for g in batch] == [g.accept_lengths for g in single]
 
 
+def test_the_prefill_projects_only_the_last_prompt_row_and_hands_the_head_every_rows_features(target, artifacts,
+                                                                                             monkeypatch):
+    """EAGLE's head needs the target's features at every prompt position, not the logits there: the prefill, like
+    plain decoding's, projects only the last row onto the vocabulary."""
+    calls = []
+    forward = type(target.model).forward
+
+    def recording(self, *args, **kwargs):
+        out = forward(self, *args, **kwargs)
+        calls.append(out.logits.shape[1])
+        return out
+
+    monkeypatch.setattr(type(target.model), "forward", recording)
+    drafter = EagleDrafter(target, TREES["chain"], str(artifacts["fused"]))
+    prompt = PROMPTS[1]
+    decode(target, drafter, prompt, n=2)  # the prefill, then one step, which feeds the prompt's rows to the head
+    assert calls[0] == 1, f"the prefill projected {calls[0]} rows of a {len(prompt)}-token prompt"
+    assert drafter.cache.get_seq_length() == len(prompt)  # a row per prompt position, fed the target's features
+
+
 def test_fused_features_read_three_layers_and_the_last_reads_one(target, artifacts):
     layers = target.model.config.num_hidden_layers
     fused = EagleDrafter(target, TREES["chain"], str(artifacts["fused"]))

@@ -92,7 +92,9 @@ class Drafter(ABC):
     def prefill_extras(self, prompt: TokenTree) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Optional extras for the prefill forward (the prompt as a chain tree), as verify_extras gives for a step;
         a drafter that returns some then observes the prefill as a step whose path is the whole prompt, so its
-        first step already has what the extras drafted (PPD's prompt-token guesses)."""
+        first step already has what the extras drafted (PPD's prompt-token guesses). Empty extras ask for the prefill
+        alone: the drafter observes every prompt row's hidden states (EAGLE's features) but only the last row's
+        logits: every row's would project the whole prompt onto the vocabulary, which nothing reads."""
         return None
 
     def cache_bytes(self) -> int:

@@ -169,8 +169,8 @@ class EagleDrafter(Drafter):
         self._level_ms = None  # draft_ms measures the head that drafts
 
     def prefill_extras(self, prompt: TokenTree) -> tuple[torch.Tensor, torch.Tensor]:
-        """No extra rows, but an (empty) answer: a drafter with prefill extras observes the prefill as a step, which
-        hands it the target's features at every prompt position (a plain prefill keeps only the last one)."""
+        """No extra rows, but an (empty) answer: the drafter then observes the prefill, which hands it the target's
+        features at every prompt position (Drafter.prefill_extras)."""
         model = self.embed.weight
         return torch.zeros(0, model.shape[1], dtype=model.dtype, device=model.device), torch.zeros(0, dtype=torch.long)
 
