@@ -14,7 +14,7 @@ from specbench.data.datastore import Datastore, count_trie, spread
 from specbench.decoding import Decoder
 from specbench.drafters.plain import PlainDrafter
 from specbench.drafters.base import DecodeState
-from specbench.drafters.sssd import InputIndex, SSSDDrafter
+from specbench.drafters.sssd import InputIndex, ScoreAcceptance, SSSDDrafter
 from specbench.errors import SpecbenchError
 from specbench.models.tiny import byte_tokenizer
 from specbench.sampling import SamplingParams
@@ -123,6 +123,52 @@ def test_the_tree_respects_the_budget(tiny, prompts, store_path, budget):
     assert max(sizes) <= budget and (budget == 32 or max(sizes) == budget)
 
 
+def test_a_sized_tree_is_lossless_and_drafts_as_the_step_costs_pay(tiny, prompts, store_path):
+    """On a flat L(n) every candidate pays, so the sized tree is the full one; where each row costs 0.6 of a
+    one-row step, only a first node accepted more than 60% of the time pays, so trees shrink, down to no draft at
+    all. What the verify accepted of each score bucket is what the next steps expect of it."""
+    def sizes(latency_ms):
+        drafter = SSSDDrafter(tiny, NativePolicy(8), datastore=str(store_path), sized=True)
+        drafter.fit(latency_ms)
+        out = []
+        for prompt in prompts:
+            gen = decode(tiny, drafter, prompt)
+            assert gen.tokens == decode(tiny, PlainDrafter(), prompt).tokens
+            out += [s.tree_size for s in gen.steps]
+        return out, drafter
+
+    unsized = [s.tree_size for p in prompts
+               for s in decode(tiny, SSSDDrafter(tiny, NativePolicy(8), datastore=str(store_path)), p).steps]
+    flat_sizes, _ = sizes(lambda n: 10.0)
+    steep_sizes, drafter = sizes(lambda n: 10.0 + 6.0 * (n - 1))
+    assert np.mean(flat_sizes) == pytest.approx(np.mean(unsized), rel=0.2)
+    assert np.mean(steep_sizes) < np.mean(flat_sizes)
+    seen = sum(drafter.acceptance.drafted)
+    assert seen > 0 and sum(drafter.acceptance.accepted) <= seen
+
+
+def test_a_sized_tree_drafts_nothing_where_its_scores_were_never_accepted(tiny, prompts, store_path):
+    drafter = SSSDDrafter(tiny, NativePolicy(8), datastore=str(store_path), sized=True)
+    drafter.fit(lambda n: 10.0 + (n - 1))  # a row costs a tenth of a step
+    buckets = [0, 0, 0, 1, 1, 2, 2]  # scores 0.71 to 1, 0.5 to 0.71, 0.35 to 0.5
+    assert drafter._paying_size(buckets) == 8  # on their scores alone, all seven nodes pay
+    drafter.acceptance.record([0, 1, 2] * 1000, [False] * 3000)
+    assert drafter._paying_size(buckets) == 1
+    drafter.acceptance.record([0] * 5000, [True] * 5000)
+    assert drafter._paying_size(buckets) == 4  # only the nodes of the bucket the verify accepted
+
+
+def test_score_acceptance_moves_from_the_score_to_the_measured_rate():
+    acceptance = ScoreAcceptance()
+    bucket = ScoreAcceptance.bucket(0.5)
+    assert ScoreAcceptance.bucket(1.0) == 0 and ScoreAcceptance.bucket(1e-30) == ScoreAcceptance.bucket(1e-20)
+    assert 0.4 < acceptance.expected(bucket) < 0.6
+    acceptance.record([bucket] * 100, [False] * 100)
+    assert acceptance.expected(bucket) < 0.02
+    acceptance.record([bucket] * 1000, [True] * 1000)
+    assert acceptance.expected(bucket) > 0.9
+
+
 @pytest.mark.parametrize("budget", [2, 4, 9])
 def test_reading_continuations_no_deeper_than_the_tree_can_reach_keeps_every_tree(tiny, prompts, store_path, budget):
     """The tries are read budget - 1 deep (a tree of `budget` nodes reaches no deeper), so branch_len beyond that
@@ -210,7 +256,7 @@ def test_a_datastore_for_another_tokenizer_is_refused(tiny, tmp_path):
     ("samples", 0, "integer >= 1"), ("min_count", 1.5, "integer >= 1"), ("branch_len", -1, "integer >= 1"),
     ("input_max_prefix", 0, "integer >= 1"), ("datastore_max_prefix", True, "integer >= 1"),
     ("input_discount", 0.0, r"in \(0, 1\]"), ("depth_discount", 1.5, r"in \(0, 1\]"),
-    ("match_discount", "x", r"in \(0, 1\]"),
+    ("match_discount", "x", r"in \(0, 1\]"), ("sized", "yes", "true or false"),
 ])
 def test_bad_knobs_name_the_value_and_what_is_valid(tiny, knob, value, valid):
     with pytest.raises(SpecbenchError, match=rf"sssd {knob}={value!r} is invalid: .*{valid}".replace("[", r"\[")):

@@ -9,6 +9,12 @@ A candidate's pseudo-probability is count(prefix + path) / count(prefix). It is 
     input_discount * match_discount ** (input_max_prefix - k)   for the input, k = the match length
     depth_discount ** (depth - 1)                                for both sources
 and the tree is grown best first up to tree.budget nodes, merging equal tokens under the same parent (Algorithm 1).
+
+sized=true fits each step's tree to this machine, as the paper's "when speculation pays" asks per batch: of the
+best-first tree, the first n nodes whose expected accepted tokens per ms, (1 + sum of their acceptance) / L(n), is
+highest, n = 1 (no draft) included. A node's acceptance is learned as the run goes (ScoreAcceptance): its score is a
+count ratio, not a probability, and how far the two lie apart changes with the source and the text. A verify's rows
+are not free on a CPU, and a step whose matches are weak pays for rows it will not keep.
 The paper grid-searched its discounts and gives no values. input_discount is 1 here, chosen by task=replay on held-out
 ShareGPT answers of SmolLM2-135M (experiments/sssd_knobs: tau 2.46 -> 2.55 at 4 nodes, 3.38 -> 3.44 at 8, against
 0.5); the other knobs moved tau by about as much as the drafting time they cost, so they keep their first values.
@@ -17,18 +23,42 @@ ShareGPT answers of SmolLM2-135M (experiments/sssd_knobs: tau 2.46 -> 2.55 at 4 
 from __future__ import annotations
 
 import heapq
+import math
 from collections import defaultdict
 from collections.abc import Sequence
 from itertools import count
 from pathlib import Path
 
 from specbench.data.datastore import TrieNode, count_trie, load_or_build, spread
-from specbench.drafters.base import DecodeState, Drafter
+from specbench.drafters.base import DecodeState, Drafter, StepOutcome
 from specbench.errors import SpecbenchError
 from specbench.trees.policy import TreePolicy
 from specbench.trees.token_tree import TokenTree
 
 SOURCES = ("input", "datastore")
+SCORE_BUCKETS = 24  # a node's score in (2 ** -((b + 1) / 2), 2 ** -(b / 2)] falls in bucket b, the last holding the rest
+PRIOR_DRAFTS = 2.0  # a bucket's first guess, its own score, weighs as this many drafted nodes
+
+
+class ScoreAcceptance:
+    """How often a drafted node of each score bucket lay on the accepted path: the acceptance a sized tree expects
+    of a node, starting from its score and moving to the run's measured rate as nodes are verified."""
+
+    def __init__(self) -> None:
+        self.drafted, self.accepted = [0] * SCORE_BUCKETS, [0] * SCORE_BUCKETS
+
+    @staticmethod
+    def bucket(score: float) -> int:
+        return min(SCORE_BUCKETS - 1, int(-2 * math.log2(min(max(score, 1e-12), 1.0))))
+
+    def expected(self, bucket: int) -> float:
+        guess = 2 ** -((bucket + 0.5) / 2)
+        return (self.accepted[bucket] + PRIOR_DRAFTS * guess) / (self.drafted[bucket] + PRIOR_DRAFTS)
+
+    def record(self, buckets: list[int], kept: list[bool]) -> None:
+        for bucket, on_path in zip(buckets, kept):
+            self.drafted[bucket] += 1
+            self.accepted[bucket] += on_path
 
 
 class InputIndex:
@@ -62,8 +92,9 @@ class SSSDDrafter(Drafter):
     def __init__(self, target, tree: TreePolicy, sources: list[str] = SOURCES, datastore: str | None = None,
                  input_max_prefix: int = 4, datastore_max_prefix: int = 8, min_count: int = 10, samples: int = 100,
                  branch_len: int = 8, input_discount: float = 1.0, match_discount: float = 0.8,
-                 depth_discount: float = 0.9) -> None:
-        """datastore: the index file; None takes task=datastore's default path for this model."""
+                 depth_discount: float = 0.9, sized: bool = False) -> None:
+        """datastore: the index file; None takes task=datastore's default path for this model. sized: trim each
+        step's tree to the size that pays most on this machine (the run measures L(n) and calls fit)."""
         sources = list(sources) if isinstance(sources, Sequence) and not isinstance(sources, str) else sources
         if (not isinstance(sources, list) or not sources or len(set(sources)) != len(sources)
                 or not set(sources) <= set(SOURCES)):
@@ -77,7 +108,11 @@ class SSSDDrafter(Drafter):
                             ("depth_discount", depth_discount)]:
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= 1:
                 raise SpecbenchError(f"sssd {knob}={value!r} is invalid: it must be a number in (0, 1]")
-        self.sources, self.budget = sources, tree.budget
+        if not isinstance(sized, bool):
+            raise SpecbenchError(f"sssd sized={sized!r} is invalid: it must be true or false")
+        self.sources, self.budget, self.sized = sources, tree.budget, sized
+        self.step_ms: list[float] | None = None  # L(n) for n = 1..budget, once fit to this machine (sized only)
+        self.acceptance, self._buckets = ScoreAcceptance(), []
         self.input_max_prefix, self.datastore_max_prefix = input_max_prefix, datastore_max_prefix
         self.min_count, self.samples, self.branch_len = min_count, samples, branch_len
         self.input_discount, self.match_discount, self.depth_discount = input_discount, match_discount, depth_discount
@@ -87,8 +122,14 @@ class SSSDDrafter(Drafter):
                                        target.name, bool(target.chat_template))
         self.index = InputIndex(input_max_prefix)
 
+    def fit(self, latency_ms) -> None:
+        """A sized tree reads L(n) for every size it may pick."""
+        if self.sized:
+            self.step_ms = [latency_ms(n) for n in range(1, self.budget + 1)]
+
     def reset(self, state: DecodeState) -> None:
-        """A fresh input index per prompt; the prompt is indexed here, the output as propose sees it grow."""
+        """A fresh input index per prompt; the prompt is indexed here, the output as propose sees it grow. What the
+        acceptance of a score is stays learned across prompts."""
         self.index = InputIndex(self.input_max_prefix)
         if "input" in self.sources:
             self.index.extend(state.tokens)
@@ -115,21 +156,43 @@ class SSSDDrafter(Drafter):
     def propose(self, state: DecodeState) -> TokenTree:
         """Best first over every source's trie (Algorithm 1): pop the best-scoring node, add its token under its draft
         parent unless that parent already has it, push its children."""
-        tokens, parents = [state.root], [-1]
+        tokens, parents, scores = [state.root], [-1], []
         child_of: dict[tuple[int, int], int] = {}
         heap, tie = [], count()  # tie: equal scores pop in push order, never comparing tries
         for scale, trie, total in self.candidates(state.tokens):
             for token, node in trie.items():
                 heapq.heappush(heap, (-scale * node.count / total, next(tie), token, node, 1, scale, total, 0))
         while heap and len(tokens) < self.budget:
-            _, _, token, node, depth, scale, total, parent = heapq.heappop(heap)
+            score, _, token, node, depth, scale, total, parent = heapq.heappop(heap)
             draft = child_of.get((parent, token))
             if draft is None:
                 draft = child_of[(parent, token)] = len(tokens)
                 tokens.append(token)
                 parents.append(parent)
+                scores.append(-score)
             weight = scale * self.depth_discount ** depth / total
             for child_token, child in node.children.items():
                 heapq.heappush(heap, (-weight * child.count, next(tie), child_token, child, depth + 1, scale, total,
                                       draft))
+        if self.step_ms is not None:
+            self._buckets = [ScoreAcceptance.bucket(score) for score in scores]
+            n = self._paying_size(self._buckets)
+            tokens, parents, self._buckets = tokens[:n], parents[:n], self._buckets[: n - 1]
         return TokenTree(tokens, parents)
+
+    def _paying_size(self, buckets: list[int]) -> int:
+        """The node count n (root included) whose expected accepted tokens per ms is highest. Best first, a node's
+        parent comes before it, so the first n nodes are a tree; the smaller tree takes a tie."""
+        best, best_rate, expected = 1, 1.0 / self.step_ms[0], 1.0
+        for n, bucket in enumerate(buckets, start=2):
+            expected += self.acceptance.expected(bucket)
+            rate = expected / self.step_ms[n - 1]
+            if rate > best_rate:
+                best, best_rate = n, rate
+        return best
+
+    def observe(self, outcome: StepOutcome) -> None:
+        """A sized tree learns which of its nodes lay on the accepted path."""
+        if self.step_ms is not None and self._buckets:
+            path = set(outcome.path)
+            self.acceptance.record(self._buckets, [node in path for node in range(1, len(self._buckets) + 1)])
