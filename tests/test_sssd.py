@@ -125,8 +125,7 @@ def test_the_tree_respects_the_budget(tiny, prompts, store_path, budget):
 
 def test_a_sized_tree_is_lossless_and_drafts_as_the_step_costs_pay(tiny, prompts, store_path):
     """On a flat L(n) every candidate pays, so the sized tree is the full one; where each row costs 0.6 of a
-    one-row step, only a first node accepted more than 60% of the time pays, so trees shrink, down to no draft at
-    all. What the verify accepted of each score bucket is what the next steps expect of it."""
+    one-row step, only nodes accepted more than 60% of the time pay, so trees shrink."""
     def sizes(latency_ms):
         drafter = SSSDDrafter(tiny, NativePolicy(8), datastore=str(store_path), sized=True)
         drafter.fit(latency_ms)
@@ -144,7 +143,7 @@ def test_a_sized_tree_is_lossless_and_drafts_as_the_step_costs_pay(tiny, prompts
     assert np.mean(flat_sizes) == pytest.approx(np.mean(unsized), rel=0.2)
     assert np.mean(steep_sizes) < np.mean(flat_sizes)
     seen = sum(drafter.acceptance.drafted)
-    assert seen > 0 and sum(drafter.acceptance.accepted) <= seen
+    assert 0 < sum(drafter.acceptance.accepted) <= seen
 
 
 def test_a_sized_tree_drafts_nothing_where_its_scores_were_never_accepted(tiny, prompts, store_path):
@@ -156,6 +155,21 @@ def test_a_sized_tree_drafts_nothing_where_its_scores_were_never_accepted(tiny, 
     assert drafter._paying_size(buckets) == 1
     drafter.acceptance.record([0] * 5000, [True] * 5000)
     assert drafter._paying_size(buckets) == 4  # only the nodes of the bucket the verify accepted
+
+
+def test_every_candidate_is_judged_against_the_answer_drafted_or_trimmed(tiny, store_path):
+    """A candidate was right if the target's tokens after its root are its path; one the answer has not yet reached
+    waits; a trimmed candidate counts as a drafted one (judged on drafted nodes alone, a score whose first nodes
+    failed would never be drafted, so never measured, again)."""
+    drafter = SSSDDrafter(tiny, NativePolicy(8), datastore=str(store_path), sized=True)
+    drafter.fit(lambda n: 10.0 * n)  # nothing pays: every candidate is trimmed
+    answer = [1, 2]
+    drafter._pending = [(len(answer), [[5], [5, 6], [7], [5, 6, 8]], [0, 1, 2, 3])]
+    drafter._judge(answer + [5])  # [7] was wrong; [5] right; the deeper two wait
+    assert drafter.acceptance.drafted[:4] == [1, 0, 1, 0] and drafter.acceptance.accepted[:4] == [1, 0, 0, 0]
+    drafter._judge(answer + [5, 6, 9])
+    assert drafter.acceptance.drafted[:4] == [1, 1, 1, 1] and drafter.acceptance.accepted[:4] == [1, 1, 0, 0]
+    assert drafter._pending == []
 
 
 def test_score_acceptance_moves_from_the_score_to_the_measured_rate():

@@ -12,8 +12,9 @@ and the tree is grown best first up to tree.budget nodes, merging equal tokens u
 
 sized=true fits each step's tree to this machine, as the paper's "when speculation pays" asks per batch: of the
 best-first tree, the first n nodes whose expected accepted tokens per ms, (1 + sum of their acceptance) / L(n), is
-highest, n = 1 (no draft) included. A node's acceptance is learned as the run goes (ScoreAcceptance): its score is a
-count ratio, not a probability, and how far the two lie apart changes with the source and the text. A verify's rows
+highest, n = 1 (no draft) included. A node's acceptance is learned as the run goes (ScoreAcceptance), from whether
+each candidate, drafted or trimmed, was what the target went on to write: its score is a count ratio, not a
+probability, and how far the two lie apart changes with the source and the text. A verify's rows
 are not free on a CPU, and a step whose matches are weak pays for rows it will not keep.
 The paper grid-searched its discounts and gives no values. input_discount is 1 here, chosen by task=replay on held-out
 ShareGPT answers of SmolLM2-135M (experiments/sssd_knobs: tau 2.46 -> 2.55 at 4 nodes, 3.38 -> 3.44 at 8, against
@@ -30,7 +31,7 @@ from itertools import count
 from pathlib import Path
 
 from specbench.data.datastore import TrieNode, count_trie, load_or_build, spread
-from specbench.drafters.base import DecodeState, Drafter, StepOutcome
+from specbench.drafters.base import DecodeState, Drafter
 from specbench.errors import SpecbenchError
 from specbench.trees.policy import TreePolicy
 from specbench.trees.token_tree import TokenTree
@@ -41,8 +42,8 @@ PRIOR_DRAFTS = 2.0  # a bucket's first guess, its own score, weighs as this many
 
 
 class ScoreAcceptance:
-    """How often a drafted node of each score bucket lay on the accepted path: the acceptance a sized tree expects
-    of a node, starting from its score and moving to the run's measured rate as nodes are verified."""
+    """How often a candidate of each score bucket was what the target wrote: the acceptance a sized tree expects of
+    a node, starting from its score and moving to the run's measured rate as the answers grow."""
 
     def __init__(self) -> None:
         self.drafted, self.accepted = [0] * SCORE_BUCKETS, [0] * SCORE_BUCKETS
@@ -112,7 +113,7 @@ class SSSDDrafter(Drafter):
             raise SpecbenchError(f"sssd sized={sized!r} is invalid: it must be true or false")
         self.sources, self.budget, self.sized = sources, tree.budget, sized
         self.step_ms: list[float] | None = None  # L(n) for n = 1..budget, once fit to this machine (sized only)
-        self.acceptance, self._buckets = ScoreAcceptance(), []
+        self.acceptance, self._pending = ScoreAcceptance(), []  # candidates not yet judged, per step
         self.input_max_prefix, self.datastore_max_prefix = input_max_prefix, datastore_max_prefix
         self.min_count, self.samples, self.branch_len = min_count, samples, branch_len
         self.input_discount, self.match_discount, self.depth_discount = input_discount, match_discount, depth_discount
@@ -130,7 +131,7 @@ class SSSDDrafter(Drafter):
     def reset(self, state: DecodeState) -> None:
         """A fresh input index per prompt; the prompt is indexed here, the output as propose sees it grow. What the
         acceptance of a score is stays learned across prompts."""
-        self.index = InputIndex(self.input_max_prefix)
+        self.index, self._pending = InputIndex(self.input_max_prefix), []
         if "input" in self.sources:
             self.index.extend(state.tokens)
 
@@ -175,10 +176,29 @@ class SSSDDrafter(Drafter):
                 heapq.heappush(heap, (-weight * child.count, next(tie), child_token, child, depth + 1, scale, total,
                                       draft))
         if self.step_ms is not None:
-            self._buckets = [ScoreAcceptance.bucket(score) for score in scores]
-            n = self._paying_size(self._buckets)
-            tokens, parents, self._buckets = tokens[:n], parents[:n], self._buckets[: n - 1]
+            buckets = [ScoreAcceptance.bucket(score) for score in scores]
+            self._judge(state.tokens)
+            self._pending.append((len(state.tokens), _paths(tokens, parents), buckets))
+            n = self._paying_size(buckets)
+            tokens, parents = tokens[:n], parents[:n]
         return TokenTree(tokens, parents)
+
+    def _judge(self, tokens: list[int]) -> None:
+        """Score the candidates of earlier steps against the answer as it has grown: a candidate was right if the
+        target's tokens after its root are its path. Every candidate counts, drafted or trimmed, so a score the
+        trees stopped drafting keeps being measured (judged on drafted nodes alone, a score that failed early would
+        never be drafted again)."""
+        waiting = []
+        for start, paths, buckets in self._pending:
+            known, undecided = tokens[start:], []
+            for path, bucket in zip(paths, buckets):
+                if len(path) > len(known) and path[: len(known)] == known:
+                    undecided.append((path, bucket))
+                else:
+                    self.acceptance.record([bucket], [known[: len(path)] == path])
+            if undecided:
+                waiting.append((start, *map(list, zip(*undecided))))
+        self._pending = waiting
 
     def _paying_size(self, buckets: list[int]) -> int:
         """The node count n (root included) whose expected accepted tokens per ms is highest. Best first, a node's
@@ -191,8 +211,11 @@ class SSSDDrafter(Drafter):
                 best, best_rate = n, rate
         return best
 
-    def observe(self, outcome: StepOutcome) -> None:
-        """A sized tree learns which of its nodes lay on the accepted path."""
-        if self.step_ms is not None and self._buckets:
-            path = set(outcome.path)
-            self.acceptance.record(self._buckets, [node in path for node in range(1, len(self._buckets) + 1)])
+
+
+def _paths(tokens: list[int], parents: list[int]) -> list[list[int]]:
+    """Each non-root node's tokens from the root's child down to it."""
+    paths = [[]]
+    for token, parent in zip(tokens[1:], parents[1:]):
+        paths.append(paths[parent] + [token])
+    return paths[1:]
