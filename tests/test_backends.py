@@ -329,6 +329,8 @@ def test_openvino_runs_each_cache_capacity_on_a_static_model_with_the_row_models
         model.static = static
     assert {(3, CACHE_STEP), (1, CACHE_STEP)} <= set(static.requests)
     assert model._sized(3, CACHE_STEP) == (3, static.requests[3, CACHE_STEP]) and model._rows(3) == 4
+    # a sized tree reads L(n) where the call really runs: 5 rows pad to the 8-row model, 3 run as 3
+    assert [model.padded_rows(n) for n in (1, 3, 5, 8, 17)] == [1, 3, 8, 8, 17]
     request = static.requests[1, CACHE_STEP]
     assert tuple(request.get_input_tensor(PAST).shape)[3] == CACHE_STEP
     for a, b in zip(*outputs):

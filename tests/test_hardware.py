@@ -8,6 +8,7 @@ import subprocess
 import sys
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -17,6 +18,7 @@ from omegaconf import OmegaConf
 from specbench.config import CONF_DIR, build
 from specbench.drafters.base import DrafterCost
 from specbench.errors import SpecbenchError
+from specbench.evaluation.plan import latency_curve
 from specbench.hardware.measured import machine_profile, with_measurements
 from specbench.hardware.measured.machine import fingerprint
 from specbench.hardware.measured.choice import choose_execution
@@ -24,7 +26,7 @@ from specbench.hardware.measured.machine_profile import MachineProfile, load_or_
 from specbench.hardware.modelled import ghidorah, llmcad
 from specbench.hardware.modelled.ops import op_costs, roofline_ops
 from specbench.hardware.modelled.roofline import project, roofline_step_time, sssd_free_budget
-from specbench.hardware.modelled.spec import HardwareSpec
+from specbench.hardware.modelled.spec import MEASURED, HardwareSpec
 from specbench.execution.backends import supported
 from specbench.models.shape import ModelShape, named_shape
 from tests.conftest import compose_cfg
@@ -393,3 +395,15 @@ def test_task_hardware_on_jetson(tmp_path, cache, capsys):
     assert "PROJECTED" in capsys.readouterr().out
     with pytest.raises(SpecbenchError, match="hardware.tau='gsm9k' is unknown"):
         task.run(compose_cfg(["task=hardware", "hw=jetson", "+hardware.tau=gsm9k"], tmp_path / "run2"))
+
+
+def test_a_sized_draft_reads_the_cost_of_the_rows_the_target_pads_a_call_to():
+    """L(n) between two measured row counts is not a line where the target runs n rows padded to a compiled count:
+    5 rows on OpenVINO's static models cost the 8-row model's step."""
+    machine = SimpleNamespace(latency_ms=lambda dtype, n, context, backend, weights: 10.0 + n)
+    execution = SimpleNamespace(dtype="float32", backend="openvino", weights="int8")
+    hw = SimpleNamespace(peak_tflops=MEASURED)
+    padded = SimpleNamespace(model=SimpleNamespace(padded_rows=lambda n: 8 if 4 < n <= 8 else n))
+    assert [latency_curve(hw, machine, padded, execution, 128)(n) for n in (3, 5)] == [13.0, 18.0]
+    eager = SimpleNamespace(model=SimpleNamespace())
+    assert latency_curve(hw, machine, eager, execution, 128)(5) == 15.0

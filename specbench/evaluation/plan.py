@@ -212,10 +212,13 @@ def profile_contexts(cfg) -> list[int]:
 
 def latency_curve(hw: HardwareSpec, machine: MachineProfile | None, target: LoadedModel, execution: ExecutionPlan,
                   context: float) -> Callable[[float], float]:
-    """L(n) in ms for a hardware-aware draft: measured here (hw=cpu/cuda read the machine profile) or, for a board
-    spec one projects to, its roofline at the board's own bytes per parameter."""
+    """L(n) in ms for a sized draft (n an integer): measured here (hw=cpu/cuda read the machine profile) or, for a
+    board spec one projects to, its roofline at the board's own bytes per parameter."""
     if hw.peak_tflops == MEASURED:
-        return lambda n: machine.latency_ms(execution.dtype, n, context, execution.backend, execution.weights)
+        # n rows cost what the rows the target pads them to cost (OpenVINO's static models), not a line between
+        # the measured counts
+        padded = getattr(target.model, "padded_rows", lambda n: n)
+        return lambda n: machine.latency_ms(execution.dtype, padded(n), context, execution.backend, execution.weights)
     shape = ModelShape.of(target.model)
     return lambda n: 1e3 * roofline_step_time(shape, hw, n, context)
 

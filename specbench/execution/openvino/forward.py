@@ -227,6 +227,12 @@ class OpenVinoForward(nn.Module):
                 return rows, request
         return None, self.request
 
+    def padded_rows(self, n: int) -> int:
+        """The rows a batch-1 call of n rows computes: a static or row model pads it up to its own count (a cost
+        curve measured at some row counts reads the padded one), the dynamic model runs n."""
+        counts = {*SIZED_ROWS, *self.by_rows} if self.static is not None else set(self.by_rows)
+        return min((rows for rows in counts if rows >= n), default=n)
+
     def _rows(self, n: int) -> int | None:
         """The row count of the compiled model this batch-1 call of n rows runs at (the smallest holding it)."""
         fits = [rows for rows in self.by_rows if rows >= n]
