@@ -80,6 +80,20 @@ def test_the_budget_comes_from_the_run_folders_settings(run, tmp_path):
     assert np.isnan(table.loc["plain", "tree_budget"])
 
 
+def test_a_tree_sized_per_step_is_its_own_line_at_its_mean_size():
+    """SSSD's sized tree is capped by tree.budget, not drafted at it: plotted at the budget, on the fixed trees'
+    line, it would read as a point of that curve."""
+    summary = pd.DataFrame({"method": ["plain", "sssd-3", "sssd-sized-4"], "mean_tree_size": [1.0, 3.0, 1.93]})
+    sssd = {"method": {"name": "sssd", "drafter": {"sized": False}}, "tree": {"budget": 3}}
+    settings = {"methods": {"plain": {"method": {"name": "plain"}}, "sssd-3": sssd,
+                            "sssd-sized-4": {"method": {"name": "sssd", "drafter": {"sized": True}},
+                                             "tree": {"budget": 4}}}}
+    table = plots.with_budgets(summary, settings).set_index("method")
+    assert table.loc["sssd-3", "tree_budget"] == 3 and table.loc["sssd-3", "method_name"] == "sssd"
+    assert table.loc["sssd-sized-4", "tree_budget"] == 1.9
+    assert table.loc["sssd-sized-4", "method_name"] == "sssd (sized per step)"
+
+
 def test_every_figure_has_a_title_axis_units_and_the_caption(run):
     records, summary, settings, profile = run
     table = plots.with_budgets(summary, settings)

@@ -64,16 +64,27 @@ def with_budgets(summary: pd.DataFrame, settings: dict) -> pd.DataFrame:
     run's settings.json; plain decoding has no tree (NaN)."""
     methods = settings["methods"]
 
+    def sized_per_step(label: str) -> bool:
+        return bool(methods.get(label, {}).get("method", {}).get("drafter", {}).get("sized", False))
+
     def budget(label: str, mean_tree: float) -> float:
-        """A hardware-aware tree's budget is only its cap: it is plotted at the size it chose (the mean rows)."""
+        """A hardware-aware tree's budget is only its cap: it is plotted at the size it chose (the mean rows), and a
+        tree sized per step (SSSD's sized) at its mean size."""
         tree = methods.get(label, {}).get("tree", {})
+        if not np.isfinite(mean_tree):
+            return tree.get("budget", np.nan)
+        if sized_per_step(label):
+            return float(np.round(mean_tree, 1))
         sized = str(tree.get("_target_", "")).endswith("HardwareAwarePolicy")
-        return float(np.round(mean_tree)) if sized and np.isfinite(mean_tree) else tree.get("budget", np.nan)
+        return float(np.round(mean_tree)) if sized else tree.get("budget", np.nan)
+
+    def family(label: str) -> str:
+        name = methods.get(label, {}).get("method", {}).get("name", label)
+        return f"{name} (sized per step)" if sized_per_step(label) else name
 
     mean_tree = summary["mean_tree_size"] if "mean_tree_size" in summary else pd.Series(np.nan, index=summary.index)
-    return summary.assign(
-        method_name=[methods.get(m, {}).get("method", {}).get("name", m) for m in summary["method"]],
-        tree_budget=[budget(m, t) for m, t in zip(summary["method"], mean_tree)])
+    return summary.assign(method_name=[family(m) for m in summary["method"]],
+                          tree_budget=[budget(m, t) for m, t in zip(summary["method"], mean_tree)])
 
 
 def save_plots(records: pd.DataFrame, summary: pd.DataFrame, out_dir: str | Path,
