@@ -140,6 +140,26 @@ def test_greedy_output_equals_plain_decoding(tiny, prompts, store, cls, second, 
     assert hybrid.rates.offered[A].sum() > 0 and hybrid.rates.offered[B:].sum() > 0  # both sources' nodes offered
 
 
+def test_a_sized_merged_tree_is_lossless_and_keeps_the_nodes_that_pay(tiny, prompts, store):
+    """Sized, the merged tree is the best-first prefix that pays most on L(n): all of it on a flat L(n), fewer
+    nodes where each row costs 0.6 of a step, and the same tokens as plain decoding either way."""
+    def sizes(latency_ms):
+        hybrid = TokenHybridDrafter(tiny, NativePolicy(8), {"sssd": sssd(store), "other": SUFFIX}, sized=True)
+        hybrid.fit(latency_ms)
+        out = []
+        for prompt in prompts:
+            gen = decode(tiny, hybrid, prompt)
+            assert gen.tokens == decode(tiny, PlainDrafter(), prompt).tokens
+            out += [s.tree_size for s in gen.steps]
+        return out
+
+    unsized = [s.tree_size for p in prompts for s in decode(
+        tiny, TokenHybridDrafter(tiny, NativePolicy(8), {"sssd": sssd(store), "other": SUFFIX}), p).steps]
+    flat, steep = sizes(lambda n: 10.0), sizes(lambda n: 10.0 + 6.0 * (n - 1))
+    assert sum(flat) == pytest.approx(sum(unsized), rel=0.2) and max(flat) == 8
+    assert sum(steep) / len(steep) < sum(flat) / len(flat)
+
+
 def test_a_replay_of_the_plain_answers_takes_the_decodings_steps(tiny, prompts, store):
     """The rates learn from the emitted tokens, so a replay without the target drafts the trees the decoding drafted:
     the same steps, prompt after prompt, as the rates carry over."""
@@ -283,6 +303,7 @@ def test_the_merged_tree_test_fails_without_the_residual(target_table):
     (dict(drafters={"a": PLD, "b": PLD}, decay=0.0), r"method.drafter.decay=0.0 is invalid: it must be a number in \(0, 1\]"),
     (dict(drafters={"a": PLD, "b": PLD}, prior=1.5), r"method.drafter.prior=1.5 is invalid: it must be a number in \[0, 1\]"),
     (dict(drafters={"a": PLD, "b": PLD}, prior_weight=0), "method.drafter.prior_weight=0 is invalid"),
+    (dict(drafters={"a": PLD, "b": PLD}, sized="yes"), "method.drafter.sized='yes' is invalid: it must be true or false"),
     (dict(drafters={"a": PLD, "b": {"drafter": {"_target_": "specbench.drafters.eagle.EagleDrafter"},
                                     "tree": {"_target_": "specbench.trees.native.NativePolicy", "budget": 4}}}),
      r"method.drafter.drafters.b \(EagleDrafter\) drafts from the target's outputs"),

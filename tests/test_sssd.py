@@ -18,6 +18,7 @@ from specbench.drafters.sssd import InputIndex, ScoreAcceptance, SSSDDrafter
 from specbench.errors import SpecbenchError
 from specbench.models.tiny import byte_tokenizer
 from specbench.sampling import SamplingParams
+from specbench.trees.hardware_aware import paying_size
 from specbench.trees.native import NativePolicy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -146,15 +147,21 @@ def test_a_sized_tree_is_lossless_and_drafts_as_the_step_costs_pay(tiny, prompts
     assert 0 < sum(drafter.acceptance.accepted) <= seen
 
 
-def test_a_sized_tree_drafts_nothing_where_its_scores_were_never_accepted(tiny, prompts, store_path):
+def test_a_sized_tree_drafts_nothing_where_its_scores_were_never_accepted(tiny, store_path):
     drafter = SSSDDrafter(tiny, NativePolicy(8), datastore=str(store_path), sized=True)
     drafter.fit(lambda n: 10.0 + (n - 1))  # a row costs a tenth of a step
+
+    def size(buckets):
+        return paying_size([drafter.acceptance.expected(b) for b in buckets], drafter.step_ms)
+
     buckets = [0, 0, 0, 1, 1, 2, 2]  # scores 0.71 to 1, 0.5 to 0.71, 0.35 to 0.5
-    assert drafter._paying_size(buckets) == 8  # on their scores alone, all seven nodes pay
+    assert size(buckets) == 8  # on their scores alone, all seven nodes pay
     drafter.acceptance.record([0, 1, 2] * 1000, [False] * 3000)
-    assert drafter._paying_size(buckets) == 1
+    assert size(buckets) == 1
     drafter.acceptance.record([0] * 5000, [True] * 5000)
-    assert drafter._paying_size(buckets) == 4  # only the nodes of the bucket the verify accepted
+    assert size(buckets) == 4  # only the nodes of the bucket the verify accepted
+    drafter.forget()  # what the evaluator does before it relearns a resumed folder's answers
+    assert size(buckets) == 8 and drafter.learns_across_answers
 
 
 def test_every_candidate_is_judged_against_the_answer_drafted_or_trimmed(tiny, store_path):

@@ -43,6 +43,7 @@ from omegaconf import DictConfig, OmegaConf
 from specbench.config import build
 from specbench.drafters.base import DecodeState, Drafter, DrafterCost, StepOutcome
 from specbench.errors import SpecbenchError
+from specbench.trees.hardware_aware import paying_size
 from specbench.trees.native import NativePolicy
 from specbench.trees.policy import TreePolicy
 from specbench.trees.token_tree import TokenTree
@@ -132,11 +133,14 @@ class HybridDrafter(Drafter):
     tree_policies = ("native",)
 
     def __init__(self, target, tree: TreePolicy, drafters: dict, ranks: int = 4, prior: float = 0.5,
-                 prior_weight: float = 2.0, decay: float = 1.0) -> None:
+                 prior_weight: float = 2.0, decay: float = 1.0, sized: bool = False) -> None:
+        """sized: trim each step's merged tree to the size that pays most on this machine (the run measures L(n) and
+        calls fit): its scores are already the learned probabilities that a node is accepted."""
         entries = entries_of(drafters)
         self.check_config({"drafters": entries, "ranks": ranks, "prior": prior, "prior_weight": prior_weight,
-                           "decay": decay})
-        self.budget = tree.budget
+                           "decay": decay, "sized": sized})
+        self.budget, self.sized = tree.budget, sized
+        self.step_ms: list[float] | None = None  # L(n) for n = 1..budget, once fit to this machine (sized only)
         self.sources: dict[str, Drafter] = {}
         for name, entry in entries.items():
             policy = build(entry["tree"]) if entry.get("tree") else NativePolicy(tree.budget)
@@ -169,6 +173,8 @@ class HybridDrafter(Drafter):
                     0 < value <= 1 if low_open else 0 <= value <= 1):
                 raise SpecbenchError(f"method.drafter.{knob}={value!r} is invalid: it must be a number in "
                                      f"{'(0, 1]' if low_open else '[0, 1]'}")
+        if not isinstance(config.get("sized", False), bool):
+            raise SpecbenchError(f"method.drafter.sized={config['sized']!r} is invalid: it must be true or false")
         weight = config["prior_weight"]
         if not isinstance(weight, (int, float)) or isinstance(weight, bool) or weight <= 0:
             raise SpecbenchError(f"method.drafter.prior_weight={weight!r} is invalid: it must be a number > 0")
@@ -232,7 +238,8 @@ class HybridDrafter(Drafter):
         return self.best(union)
 
     def best(self, union: Union) -> TokenTree:
-        """The union's tree.budget best nodes by estimated acceptance, grown best first from the root."""
+        """The union's tree.budget best nodes by estimated acceptance, grown best first from the root; sized, the
+        first of them that pay most on this machine's L(n) (trees.hardware_aware.paying_size)."""
         keep, heap, tie = [0], [], count()  # tie: equal scores pop in the union's order (the sources' order)
 
         def offer(node: int, score: float) -> None:
@@ -241,10 +248,14 @@ class HybridDrafter(Drafter):
                 heapq.heappush(heap, (-p, next(tie), child))
 
         offer(0, 1.0)
+        scores = []
         while heap and len(keep) < self.budget:
             neg, _, node = heapq.heappop(heap)
             keep.append(node)
+            scores.append(-neg)
             offer(node, -neg)
+        if self.step_ms is not None:
+            keep = keep[: paying_size(scores, self.step_ms)]
         place = {node: i for i, node in enumerate(keep)}
         return TokenTree([union.tokens[n] for n in keep], [place[union.parents[n]] if n else -1 for n in keep])
 
@@ -271,6 +282,8 @@ class HybridDrafter(Drafter):
             source.on_openvino()
 
     def fit(self, latency_ms) -> None:
+        if self.sized:
+            self.step_ms = [latency_ms(n) for n in range(1, self.budget + 1)]
         for source in self.sources.values():
             source.fit(latency_ms)
 

@@ -33,6 +33,7 @@ from pathlib import Path
 from specbench.data.datastore import TrieNode, count_trie, load_or_build, spread
 from specbench.drafters.base import DecodeState, Drafter
 from specbench.errors import SpecbenchError
+from specbench.trees.hardware_aware import paying_size
 from specbench.trees.policy import TreePolicy
 from specbench.trees.token_tree import TokenTree
 
@@ -113,7 +114,8 @@ class SSSDDrafter(Drafter):
             raise SpecbenchError(f"sssd sized={sized!r} is invalid: it must be true or false")
         self.sources, self.budget, self.sized = sources, tree.budget, sized
         self.step_ms: list[float] | None = None  # L(n) for n = 1..budget, once fit to this machine (sized only)
-        self.acceptance, self._pending = ScoreAcceptance(), []  # candidates not yet judged, per step
+        self.learns_across_answers = sized  # what a score's acceptance is (Evaluator._relearn)
+        self.forget()
         self.input_max_prefix, self.datastore_max_prefix = input_max_prefix, datastore_max_prefix
         self.min_count, self.samples, self.branch_len = min_count, samples, branch_len
         self.input_discount, self.match_discount, self.depth_discount = input_discount, match_discount, depth_discount
@@ -122,6 +124,9 @@ class SSSDDrafter(Drafter):
             self.store = load_or_build(Path(datastore).expanduser() if datastore else None, target.tokenizer,
                                        target.name, bool(target.chat_template))
         self.index = InputIndex(input_max_prefix)
+
+    def forget(self) -> None:
+        self.acceptance, self._pending = ScoreAcceptance(), []  # candidates not yet judged, per step
 
     def fit(self, latency_ms) -> None:
         """A sized tree reads L(n) for every size it may pick."""
@@ -179,7 +184,7 @@ class SSSDDrafter(Drafter):
             buckets = [ScoreAcceptance.bucket(score) for score in scores]
             self._judge(state.tokens)
             self._pending.append((len(state.tokens), _paths(tokens, parents), buckets))
-            n = self._paying_size(buckets)
+            n = paying_size([self.acceptance.expected(b) for b in buckets], self.step_ms)
             tokens, parents = tokens[:n], parents[:n]
         return TokenTree(tokens, parents)
 
@@ -199,17 +204,6 @@ class SSSDDrafter(Drafter):
             if undecided:
                 waiting.append((start, *map(list, zip(*undecided))))
         self._pending = waiting
-
-    def _paying_size(self, buckets: list[int]) -> int:
-        """The node count n (root included) whose expected accepted tokens per ms is highest. Best first, a node's
-        parent comes before it, so the first n nodes are a tree; the smaller tree takes a tie."""
-        best, best_rate, expected = 1, 1.0 / self.step_ms[0], 1.0
-        for n, bucket in enumerate(buckets, start=2):
-            expected += self.acceptance.expected(bucket)
-            rate = expected / self.step_ms[n - 1]
-            if rate > best_rate:
-                best, best_rate = n, rate
-        return best
 
 
 
