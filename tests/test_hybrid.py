@@ -19,6 +19,7 @@ from specbench.trees.native import NativePolicy
 from specbench.trees.token_tree import TokenTree
 
 from . import test_rejection as rej
+from .test_sssd import FLAT, STEEP, sized_tree_sizes
 
 TEXTS = ["the cat sat on the mat and the cat sat on the hat", "abc abc abc abd abc", "x", "hello world " * 6]
 SSSD = "specbench.drafters.sssd.SSSDDrafter"
@@ -143,19 +144,12 @@ def test_greedy_output_equals_plain_decoding(tiny, prompts, store, cls, second, 
 def test_a_sized_merged_tree_is_lossless_and_keeps_the_nodes_that_pay(tiny, prompts, store):
     """Sized, the merged tree is the best-first prefix that pays most on L(n): all of it on a flat L(n), fewer
     nodes where each row costs 0.6 of a step, and the same tokens as plain decoding either way."""
-    def sizes(latency_ms):
-        hybrid = TokenHybridDrafter(tiny, NativePolicy(8), {"sssd": sssd(store), "other": SUFFIX}, sized=True)
-        hybrid.fit(latency_ms)
-        out = []
-        for prompt in prompts:
-            gen = decode(tiny, hybrid, prompt)
-            assert gen.tokens == decode(tiny, PlainDrafter(), prompt).tokens
-            out += [s.tree_size for s in gen.steps]
-        return out
+    def make(**sized):
+        return TokenHybridDrafter(tiny, NativePolicy(8), {"sssd": sssd(store), "other": SUFFIX}, **sized)
 
-    unsized = [s.tree_size for p in prompts for s in decode(
-        tiny, TokenHybridDrafter(tiny, NativePolicy(8), {"sssd": sssd(store), "other": SUFFIX}), p).steps]
-    flat, steep = sizes(lambda n: 10.0), sizes(lambda n: 10.0 + 6.0 * (n - 1))
+    unsized = [s.tree_size for p in prompts for s in decode(tiny, make(), p).steps]
+    flat, _ = sized_tree_sizes(tiny, make, prompts, FLAT, decode)
+    steep, _ = sized_tree_sizes(tiny, make, prompts, STEEP, decode)
     assert sum(flat) == pytest.approx(sum(unsized), rel=0.2) and max(flat) == 8
     assert sum(steep) / len(steep) < sum(flat) / len(flat)
 

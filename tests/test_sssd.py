@@ -124,27 +124,34 @@ def test_the_tree_respects_the_budget(tiny, prompts, store_path, budget):
     assert max(sizes) <= budget and (budget == 32 or max(sizes) == budget)
 
 
+def sized_tree_sizes(target, make_drafter, prompts, latency_ms, decode):
+    """Each step's tree size over the prompts, decoded by a sized drafter fit to `latency_ms`, every answer checked
+    against plain decoding's; and the drafter."""
+    drafter = make_drafter(sized=True)
+    drafter.fit(latency_ms)
+    sizes = []
+    for prompt in prompts:
+        gen = decode(target, drafter, prompt)
+        assert gen.tokens == decode(target, PlainDrafter(), prompt).tokens
+        sizes += [s.tree_size for s in gen.steps]
+    return sizes, drafter
+
+
+FLAT, STEEP = (lambda n: 10.0), (lambda n: 10.0 + 6.0 * (n - 1))  # L(n): rows free; a row 0.6 of a one-row step
+
+
 def test_a_sized_tree_is_lossless_and_drafts_as_the_step_costs_pay(tiny, prompts, store_path):
     """On a flat L(n) every candidate pays, so the sized tree is the full one; where each row costs 0.6 of a
     one-row step, only nodes accepted more than 60% of the time pay, so trees shrink."""
-    def sizes(latency_ms):
-        drafter = SSSDDrafter(tiny, NativePolicy(8), datastore=str(store_path), sized=True)
-        drafter.fit(latency_ms)
-        out = []
-        for prompt in prompts:
-            gen = decode(tiny, drafter, prompt)
-            assert gen.tokens == decode(tiny, PlainDrafter(), prompt).tokens
-            out += [s.tree_size for s in gen.steps]
-        return out, drafter
+    def make(**sized):
+        return SSSDDrafter(tiny, NativePolicy(8), datastore=str(store_path), **sized)
 
-    unsized = [s.tree_size for p in prompts
-               for s in decode(tiny, SSSDDrafter(tiny, NativePolicy(8), datastore=str(store_path)), p).steps]
-    flat_sizes, _ = sizes(lambda n: 10.0)
-    steep_sizes, drafter = sizes(lambda n: 10.0 + 6.0 * (n - 1))
+    unsized = [s.tree_size for p in prompts for s in decode(tiny, make(), p).steps]
+    flat_sizes, _ = sized_tree_sizes(tiny, make, prompts, FLAT, decode)
+    steep_sizes, drafter = sized_tree_sizes(tiny, make, prompts, STEEP, decode)
     assert np.mean(flat_sizes) == pytest.approx(np.mean(unsized), rel=0.2)
     assert np.mean(steep_sizes) < np.mean(flat_sizes)
-    seen = sum(drafter.acceptance.drafted)
-    assert 0 < sum(drafter.acceptance.accepted) <= seen
+    assert 0 < sum(drafter.acceptance.accepted) <= sum(drafter.acceptance.drafted)
 
 
 def test_a_sized_tree_drafts_nothing_where_its_scores_were_never_accepted(tiny, store_path):
