@@ -151,7 +151,7 @@ def test_a_sized_tree_is_lossless_and_drafts_as_the_step_costs_pay(tiny, prompts
     steep_sizes, drafter = sized_tree_sizes(tiny, make, prompts, STEEP, decode)
     assert np.mean(flat_sizes) == pytest.approx(np.mean(unsized), rel=0.2)
     assert np.mean(steep_sizes) < np.mean(flat_sizes)
-    assert 0 < sum(drafter.acceptance.accepted) <= sum(drafter.acceptance.drafted)
+    assert 0 < sum(drafter.acceptance.accepted) <= sum(drafter.acceptance.judged)
 
 
 def test_a_sized_tree_drafts_nothing_where_its_scores_were_never_accepted(tiny, store_path):
@@ -180,9 +180,9 @@ def test_every_candidate_is_judged_against_the_answer_drafted_or_trimmed(tiny, s
     answer = [1, 2]
     drafter._pending = [(len(answer), [[5], [5, 6], [7], [5, 6, 8]], [0, 1, 2, 3])]
     drafter._judge(answer + [5])  # [7] was wrong; [5] right; the deeper two wait
-    assert drafter.acceptance.drafted[:4] == [1, 0, 1, 0] and drafter.acceptance.accepted[:4] == [1, 0, 0, 0]
+    assert drafter.acceptance.judged[:4] == [1, 0, 1, 0] and drafter.acceptance.accepted[:4] == [1, 0, 0, 0]
     drafter._judge(answer + [5, 6, 9])
-    assert drafter.acceptance.drafted[:4] == [1, 1, 1, 1] and drafter.acceptance.accepted[:4] == [1, 1, 0, 0]
+    assert drafter.acceptance.judged[:4] == [1, 1, 1, 1] and drafter.acceptance.accepted[:4] == [1, 1, 0, 0]
     assert drafter._pending == []
 
 

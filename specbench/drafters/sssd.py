@@ -14,8 +14,8 @@ sized=true fits each step's tree to this machine, as the paper's "when speculati
 best-first tree, the first n nodes whose expected accepted tokens per ms, (1 + sum of their acceptance) / L(n), is
 highest, n = 1 (no draft) included. A node's acceptance is learned as the run goes (ScoreAcceptance), from whether
 each candidate, drafted or trimmed, was what the target went on to write: its score is a count ratio, not a
-probability, and how far the two lie apart changes with the source and the text. A verify's rows
-are not free on a CPU, and a step whose matches are weak pays for rows it will not keep.
+probability, and how far the two lie apart changes with the source and the text. A verify's rows are not free on a
+CPU, and a step whose matches are weak pays for rows it will not keep.
 The paper grid-searched its discounts and gives no values. input_discount is 1 here, chosen by task=replay on held-out
 ShareGPT answers of SmolLM2-135M (experiments/sssd_knobs: tau 2.46 -> 2.55 at 4 nodes, 3.38 -> 3.44 at 8, against
 0.5); the other knobs moved tau by about as much as the drafting time they cost, so they keep their first values.
@@ -39,7 +39,7 @@ from specbench.trees.token_tree import TokenTree
 
 SOURCES = ("input", "datastore")
 SCORE_BUCKETS = 24  # a node's score in (2 ** -((b + 1) / 2), 2 ** -(b / 2)] falls in bucket b, the last holding the rest
-PRIOR_DRAFTS = 2.0  # a bucket's first guess, its own score, weighs as this many drafted nodes
+PRIOR_JUDGED = 2.0  # a bucket's first guess, its own score, weighs as this many judged candidates
 
 
 class ScoreAcceptance:
@@ -47,7 +47,7 @@ class ScoreAcceptance:
     a node, starting from its score and moving to the run's measured rate as the answers grow."""
 
     def __init__(self) -> None:
-        self.drafted, self.accepted = [0] * SCORE_BUCKETS, [0] * SCORE_BUCKETS
+        self.judged, self.accepted = [0] * SCORE_BUCKETS, [0] * SCORE_BUCKETS
 
     @staticmethod
     def bucket(score: float) -> int:
@@ -55,11 +55,11 @@ class ScoreAcceptance:
 
     def expected(self, bucket: int) -> float:
         guess = 2 ** -((bucket + 0.5) / 2)
-        return (self.accepted[bucket] + PRIOR_DRAFTS * guess) / (self.drafted[bucket] + PRIOR_DRAFTS)
+        return (self.accepted[bucket] + PRIOR_JUDGED * guess) / (self.judged[bucket] + PRIOR_JUDGED)
 
     def record(self, buckets: list[int], kept: list[bool]) -> None:
         for bucket, on_path in zip(buckets, kept):
-            self.drafted[bucket] += 1
+            self.judged[bucket] += 1
             self.accepted[bucket] += on_path
 
 
