@@ -14,11 +14,11 @@ from specbench.data.datastore import Datastore, count_trie, spread
 from specbench.decoding import Decoder
 from specbench.drafters.plain import PlainDrafter
 from specbench.drafters.base import DecodeState
-from specbench.drafters.sssd import InputIndex, ScoreAcceptance, SSSDDrafter
+from specbench.drafters.sssd import InputIndex, SSSDDrafter
 from specbench.errors import SpecbenchError
 from specbench.models.tiny import byte_tokenizer
 from specbench.sampling import SamplingParams
-from specbench.trees.hardware_aware import paying_size
+from specbench.trees.sized import paying_size
 from specbench.trees.native import NativePolicy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -151,7 +151,7 @@ def test_a_sized_tree_is_lossless_and_drafts_as_the_step_costs_pay(tiny, prompts
     steep_sizes, drafter = sized_tree_sizes(tiny, make, prompts, STEEP, decode)
     assert np.mean(flat_sizes) == pytest.approx(np.mean(unsized), rel=0.2)
     assert np.mean(steep_sizes) < np.mean(flat_sizes)
-    assert 0 < sum(drafter.acceptance.accepted) <= sum(drafter.acceptance.judged)
+    assert 0 < sum(drafter.sizer.acceptance.accepted) <= sum(drafter.sizer.acceptance.judged)
 
 
 def test_a_sized_tree_drafts_nothing_where_its_scores_were_never_accepted(tiny, store_path):
@@ -159,42 +159,16 @@ def test_a_sized_tree_drafts_nothing_where_its_scores_were_never_accepted(tiny, 
     drafter.fit(lambda n: 10.0 + (n - 1))  # a row costs a tenth of a step
 
     def size(buckets):
-        return paying_size([drafter.acceptance.expected(b) for b in buckets], drafter.step_ms)
+        return paying_size([drafter.sizer.acceptance.expected(b) for b in buckets], drafter.sizer.step_ms)
 
     buckets = [0, 0, 0, 1, 1, 2, 2]  # scores 0.71 to 1, 0.5 to 0.71, 0.35 to 0.5
     assert size(buckets) == 8  # on their scores alone, all seven nodes pay
-    drafter.acceptance.record([0, 1, 2] * 1000, [False] * 3000)
+    drafter.sizer.acceptance.record([0, 1, 2] * 1000, [False] * 3000)
     assert size(buckets) == 1
-    drafter.acceptance.record([0] * 5000, [True] * 5000)
+    drafter.sizer.acceptance.record([0] * 5000, [True] * 5000)
     assert size(buckets) == 4  # only the nodes of the bucket the verify accepted
     drafter.forget()  # what the evaluator does before it relearns a resumed folder's answers
     assert size(buckets) == 8 and drafter.learns_across_answers
-
-
-def test_every_candidate_is_judged_against_the_answer_drafted_or_trimmed(tiny, store_path):
-    """A candidate was right if the target's tokens after its root are its path; one the answer has not yet reached
-    waits; a trimmed candidate counts as a drafted one (judged on drafted nodes alone, a score whose first nodes
-    failed would never be drafted, so never measured, again)."""
-    drafter = SSSDDrafter(tiny, NativePolicy(8), datastore=str(store_path), sized=True)
-    drafter.fit(lambda n: 10.0 * n)  # nothing pays: every candidate is trimmed
-    answer = [1, 2]
-    drafter._pending = [(len(answer), [[5], [5, 6], [7], [5, 6, 8]], [0, 1, 2, 3])]
-    drafter._judge(answer + [5])  # [7] was wrong; [5] right; the deeper two wait
-    assert drafter.acceptance.judged[:4] == [1, 0, 1, 0] and drafter.acceptance.accepted[:4] == [1, 0, 0, 0]
-    drafter._judge(answer + [5, 6, 9])
-    assert drafter.acceptance.judged[:4] == [1, 1, 1, 1] and drafter.acceptance.accepted[:4] == [1, 1, 0, 0]
-    assert drafter._pending == []
-
-
-def test_score_acceptance_moves_from_the_score_to_the_measured_rate():
-    acceptance = ScoreAcceptance()
-    bucket = ScoreAcceptance.bucket(0.5)
-    assert ScoreAcceptance.bucket(1.0) == 0 and ScoreAcceptance.bucket(1e-30) == ScoreAcceptance.bucket(1e-20)
-    assert 0.4 < acceptance.expected(bucket) < 0.6
-    acceptance.record([bucket] * 100, [False] * 100)
-    assert acceptance.expected(bucket) < 0.02
-    acceptance.record([bucket] * 1000, [True] * 1000)
-    assert acceptance.expected(bucket) > 0.9
 
 
 @pytest.mark.parametrize("budget", [2, 4, 9])

@@ -22,6 +22,7 @@ from specbench.trees.native import NativePolicy
 
 from .test_rejection import (PROMPT, SAMPLES, SAMPLING, TOKENS, RejectionWithoutResidual, exact_distribution,
                              lively_tiny, logits_table, tv_and_bound)
+from .test_sssd import FLAT, STEEP, sized_tree_sizes
 
 TEXTS = ["the cat sat on the mat and the cat sat on the hat", "def f(x):\n    return x\n\ndef g(x):\n    return",
          "hello world " * 6]
@@ -80,6 +81,22 @@ def test_greedy_decoding_is_token_identical_to_plain_decoding(tiny, prompt_text,
         gen = decode(tiny, drafter, prompt)
         assert gen.tokens == want
     assert max(step.accepted for step in gen.steps) > 0  # it drafted something the target took
+
+
+@pytest.mark.parametrize("suffix_tree", ["python", "auto"])
+def test_a_sized_draft_is_lossless_and_keeps_the_nodes_that_pay(tiny, suffix_tree):
+    """Sized (trees/sized.py), the draft is its best-first prefix that pays most on L(n): all of it on a flat L(n),
+    less where each row costs 0.6 of a step, the same tokens as plain decoding either way, on either suffix tree."""
+    prompts = [tiny.tokenizer(t)["input_ids"] for t in TEXTS] * 2  # the second round finds the first in the global tree
+
+    def make(**sized):
+        return SuffixDrafter(tiny, NativePolicy(8), suffix_tree=suffix_tree, **sized)
+
+    unsized = [s.tree_size for p in prompts for s in decode(tiny, make(), p).steps]
+    flat, _ = sized_tree_sizes(tiny, make, prompts, FLAT, decode)
+    steep, drafter = sized_tree_sizes(tiny, make, prompts, STEEP, decode)
+    assert sum(flat) == pytest.approx(sum(unsized), rel=0.2)
+    assert sum(steep) / len(steep) < sum(flat) / len(flat) and sum(drafter.sizer.acceptance.judged) > 0
 
 
 def test_the_global_tree_helps_on_a_repeated_prompt(tiny):
@@ -151,6 +168,7 @@ def test_the_same_test_fails_without_the_residual(target_table):
     ({"suffix_tree": "rust"}, "suffix_tree='rust' is invalid"),
     ({"use_global": False, "warmup": "x.jsonl"}, "warmup fills the global tree"),
     ({"warmup": "/nonexistent.jsonl"}, "is not a file"),
+    ({"sized": "yes"}, "sized='yes' is invalid: it must be true or false"),
 ])
 def test_bad_knobs_are_one_line_errors(tiny, knobs, message):
     with pytest.raises(SpecbenchError, match=message):

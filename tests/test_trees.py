@@ -13,6 +13,7 @@ from specbench.trees.chain import ChainPolicy
 from specbench.trees.dynamic import DynamicPolicy
 from specbench.trees.greedy import GreedyPolicy, expected_tau, greedy_choices, load_accept_prob
 from specbench.trees.hardware_aware import HardwareAwarePolicy
+from specbench.trees.sized import ScoreAcceptance, StepSizer
 from specbench.trees.static import PRESET_DIR, StaticPolicy, cartesian_choices
 
 VOCAB = 32
@@ -282,3 +283,38 @@ def test_hardware_aware_waits_for_a_curve_and_a_calibration():
     assert 2 <= fitted.budget <= 7 and len(fitted.build(1, FixedDraft())) == fitted.budget
     with pytest.raises(SpecbenchError, match="tree.budget=1 is invalid"):
         HardwareAwarePolicy(budget=1)
+
+
+def test_a_step_sizer_judges_every_candidate_against_the_answer_drafted_or_trimmed():
+    """A candidate was right if the target's tokens after its root are its path; one the answer has not yet reached
+    waits; a trimmed candidate counts as a drafted one (judged on drafted nodes alone, a score whose first nodes
+    failed would never be drafted, so never measured, again)."""
+    sizer = StepSizer()
+    answer = [1, 2]
+    sizer.pending = [(len(answer), [[5], [5, 6], [7], [5, 6, 8]], [0, 1, 2, 3])]
+    sizer.judge(answer + [5])  # [7] was wrong; [5] right; the deeper two wait
+    judged, accepted = sizer.acceptance.judged, sizer.acceptance.accepted
+    assert judged[:4] == [1, 0, 1, 0] and accepted[:4] == [1, 0, 0, 0]
+    sizer.judge(answer + [5, 6, 9])
+    assert judged[:4] == [1, 1, 1, 1] and accepted[:4] == [1, 1, 0, 0]
+    assert sizer.pending == []
+
+
+def test_a_step_sizer_keeps_every_node_until_fit_and_then_the_nodes_that_pay():
+    sizer = StepSizer()
+    tokens, parents, scores = [9, 5, 6, 7], [-1, 0, 1, 0], [0.9, 0.8, 0.2]
+    assert sizer.size([1, 9], tokens, parents, scores) == 4 and sizer.pending == []  # not fit: no sizing, no learning
+    sizer.fit(lambda n: 10.0 + 2.0 * (n - 1), budget=4)  # a row costs a fifth of a step
+    assert sizer.size([1, 9], tokens, parents, scores) == 3  # the 0.2 node is worth less than a fifth of a step
+    assert [paths for _, paths, _ in sizer.pending] == [[[5], [5, 6], [7]]]
+
+
+def test_score_acceptance_moves_from_the_score_to_the_measured_rate():
+    acceptance = ScoreAcceptance()
+    bucket = ScoreAcceptance.bucket(0.5)
+    assert ScoreAcceptance.bucket(1.0) == 0 and ScoreAcceptance.bucket(1e-30) == ScoreAcceptance.bucket(1e-20)
+    assert 0.4 < acceptance.expected(bucket) < 0.6
+    acceptance.record([bucket] * 100, [False] * 100)
+    assert acceptance.expected(bucket) < 0.02
+    acceptance.record([bucket] * 1000, [True] * 1000)
+    assert acceptance.expected(bucket) > 0.9

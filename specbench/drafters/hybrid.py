@@ -43,9 +43,9 @@ from omegaconf import DictConfig, OmegaConf
 from specbench.config import build
 from specbench.drafters.base import DecodeState, Drafter, DrafterCost, StepOutcome
 from specbench.errors import SpecbenchError
-from specbench.trees.hardware_aware import paying_size
 from specbench.trees.native import NativePolicy
 from specbench.trees.policy import TreePolicy
+from specbench.trees.sized import paying_size
 from specbench.trees.token_tree import TokenTree
 
 
@@ -239,7 +239,7 @@ class HybridDrafter(Drafter):
 
     def best(self, union: Union) -> TokenTree:
         """The union's tree.budget best nodes by estimated acceptance, grown best first from the root; sized, the
-        first of them that pay most on this machine's L(n) (trees.hardware_aware.paying_size)."""
+        first of them that pay most on this machine's L(n) (trees.sized.paying_size)."""
         keep, heap, tie = [0], [], count()  # tie: equal scores pop in the union's order (the sources' order)
 
         def offer(node: int, score: float) -> None:

@@ -10,12 +10,8 @@ A candidate's pseudo-probability is count(prefix + path) / count(prefix). It is 
     depth_discount ** (depth - 1)                                for both sources
 and the tree is grown best first up to tree.budget nodes, merging equal tokens under the same parent (Algorithm 1).
 
-sized=true fits each step's tree to this machine, as the paper's "when speculation pays" asks per batch: of the
-best-first tree, the first n nodes whose expected accepted tokens per ms, (1 + sum of their acceptance) / L(n), is
-highest, n = 1 (no draft) included. A node's acceptance is learned as the run goes (ScoreAcceptance), from whether
-each candidate, drafted or trimmed, was what the target went on to write: its score is a count ratio, not a
-probability, and how far the two lie apart changes with the source and the text. A verify's rows are not free on a
-CPU, and a step whose matches are weak pays for rows it will not keep.
+sized=true fits each step's tree to this machine, as the paper's "when speculation pays" asks per batch
+(trees/sized.py): its scores are count ratios, which a StepSizer calibrates against the answers as they grow.
 The paper grid-searched its discounts and gives no values. input_discount is 1 here, chosen by task=replay on held-out
 ShareGPT answers of SmolLM2-135M (experiments/sssd_knobs: tau 2.46 -> 2.55 at 4 nodes, 3.38 -> 3.44 at 8, against
 0.5); the other knobs moved tau by about as much as the drafting time they cost, so they keep their first values.
@@ -24,7 +20,6 @@ ShareGPT answers of SmolLM2-135M (experiments/sssd_knobs: tau 2.46 -> 2.55 at 4 
 from __future__ import annotations
 
 import heapq
-import math
 from collections import defaultdict
 from collections.abc import Sequence
 from itertools import count
@@ -33,34 +28,11 @@ from pathlib import Path
 from specbench.data.datastore import TrieNode, count_trie, load_or_build, spread
 from specbench.drafters.base import DecodeState, Drafter
 from specbench.errors import SpecbenchError
-from specbench.trees.hardware_aware import paying_size
 from specbench.trees.policy import TreePolicy
+from specbench.trees.sized import StepSizer
 from specbench.trees.token_tree import TokenTree
 
 SOURCES = ("input", "datastore")
-SCORE_BUCKETS = 24  # a node's score in (2 ** -((b + 1) / 2), 2 ** -(b / 2)] falls in bucket b, the last holding the rest
-PRIOR_JUDGED = 2.0  # a bucket's first guess, its own score, weighs as this many judged candidates
-
-
-class ScoreAcceptance:
-    """How often a candidate of each score bucket was what the target wrote: the acceptance a sized tree expects of
-    a node, starting from its score and moving to the run's measured rate as the answers grow."""
-
-    def __init__(self) -> None:
-        self.judged, self.accepted = [0] * SCORE_BUCKETS, [0] * SCORE_BUCKETS
-
-    @staticmethod
-    def bucket(score: float) -> int:
-        return min(SCORE_BUCKETS - 1, int(-2 * math.log2(min(max(score, 1e-12), 1.0))))
-
-    def expected(self, bucket: int) -> float:
-        guess = 2 ** -((bucket + 0.5) / 2)
-        return (self.accepted[bucket] + PRIOR_JUDGED * guess) / (self.judged[bucket] + PRIOR_JUDGED)
-
-    def record(self, buckets: list[int], kept: list[bool]) -> None:
-        for bucket, on_path in zip(buckets, kept):
-            self.judged[bucket] += 1
-            self.accepted[bucket] += on_path
 
 
 class InputIndex:
@@ -112,10 +84,8 @@ class SSSDDrafter(Drafter):
                 raise SpecbenchError(f"sssd {knob}={value!r} is invalid: it must be a number in (0, 1]")
         if not isinstance(sized, bool):
             raise SpecbenchError(f"sssd sized={sized!r} is invalid: it must be true or false")
-        self.sources, self.budget, self.sized = sources, tree.budget, sized
-        self.step_ms: list[float] | None = None  # L(n) for n = 1..budget, once fit to this machine (sized only)
+        self.sources, self.budget, self.sized, self.sizer = sources, tree.budget, sized, StepSizer()
         self.learns_across_answers = sized  # what a score's acceptance is (Evaluator._relearn)
-        self.forget()
         self.input_max_prefix, self.datastore_max_prefix = input_max_prefix, datastore_max_prefix
         self.min_count, self.samples, self.branch_len = min_count, samples, branch_len
         self.input_discount, self.match_discount, self.depth_discount = input_discount, match_discount, depth_discount
@@ -126,17 +96,18 @@ class SSSDDrafter(Drafter):
         self.index = InputIndex(input_max_prefix)
 
     def forget(self) -> None:
-        self.acceptance, self._pending = ScoreAcceptance(), []  # candidates not yet judged, per step
+        self.sizer.forget()
 
     def fit(self, latency_ms) -> None:
         """A sized tree reads L(n) for every size it may pick."""
         if self.sized:
-            self.step_ms = [latency_ms(n) for n in range(1, self.budget + 1)]
+            self.sizer.fit(latency_ms, self.budget)
 
     def reset(self, state: DecodeState) -> None:
         """A fresh input index per prompt; the prompt is indexed here, the output as propose sees it grow. What the
         acceptance of a score is stays learned across prompts."""
-        self.index, self._pending = InputIndex(self.input_max_prefix), []
+        self.index = InputIndex(self.input_max_prefix)
+        self.sizer.reset()
         if "input" in self.sources:
             self.index.extend(state.tokens)
 
@@ -161,7 +132,7 @@ class SSSDDrafter(Drafter):
 
     def propose(self, state: DecodeState) -> TokenTree:
         """Best first over every source's trie (Algorithm 1): pop the best-scoring node, add its token under its draft
-        parent unless that parent already has it, push its children."""
+        parent unless that parent already has it, push its children. Sized, the first nodes that pay (StepSizer)."""
         tokens, parents, scores = [state.root], [-1], []
         child_of: dict[tuple[int, int], int] = {}
         heap, tie = [], count()  # tie: equal scores pop in push order, never comparing tries
@@ -180,36 +151,6 @@ class SSSDDrafter(Drafter):
             for child_token, child in node.children.items():
                 heapq.heappush(heap, (-weight * child.count, next(tie), child_token, child, depth + 1, scale, total,
                                       draft))
-        if self.step_ms is not None:
-            buckets = [ScoreAcceptance.bucket(score) for score in scores]
-            self._judge(state.tokens)
-            self._pending.append((len(state.tokens), _paths(tokens, parents), buckets))
-            n = paying_size([self.acceptance.expected(b) for b in buckets], self.step_ms)
-            tokens, parents = tokens[:n], parents[:n]
+        n = self.sizer.size(state.tokens, tokens, parents, scores)
+        tokens, parents = tokens[:n], parents[:n]
         return TokenTree(tokens, parents)
-
-    def _judge(self, tokens: list[int]) -> None:
-        """Score the candidates of earlier steps against the answer as it has grown: a candidate was right if the
-        target's tokens after its root are its path. Every candidate counts, drafted or trimmed, so a score the
-        trees stopped drafting keeps being measured (judged on drafted nodes alone, a score that failed early would
-        never be drafted again)."""
-        waiting = []
-        for start, paths, buckets in self._pending:
-            known, undecided = tokens[start:], []
-            for path, bucket in zip(paths, buckets):
-                if len(path) > len(known) and path[: len(known)] == known:
-                    undecided.append((path, bucket))
-                else:
-                    self.acceptance.record([bucket], [known[: len(path)] == path])
-            if undecided:
-                waiting.append((start, *map(list, zip(*undecided))))
-        self._pending = waiting
-
-
-
-def _paths(tokens: list[int], parents: list[int]) -> list[list[int]]:
-    """Each non-root node's tokens from the root's child down to it."""
-    paths = [[]]
-    for token, parent in zip(tokens[1:], parents[1:]):
-        paths.append(paths[parent] + [token])
-    return paths[1:]

@@ -23,6 +23,7 @@ from specbench.drafters.base import DecodeState, Drafter
 from specbench.drafters.suffix_tree import SuffixTree as PythonSuffixTree
 from specbench.errors import SpecbenchError
 from specbench.trees.policy import TreePolicy
+from specbench.trees.sized import StepSizer
 from specbench.trees.token_tree import TokenTree
 
 IMPLEMENTATIONS = ("auto", "arctic", "python")
@@ -71,18 +72,22 @@ class SuffixDrafter(Drafter):
 
     def __init__(self, target, tree: TreePolicy, max_depth: int = 24, max_spec_factor: float = 1.0,
                  max_spec_offset: float = 0.0, min_token_prob: float = 0.1, tree_spec: bool = True,
-                 use_global: bool = True, warmup: str | None = None, suffix_tree: str = "auto") -> None:
+                 use_global: bool = True, warmup: str | None = None, suffix_tree: str = "auto",
+                 sized: bool = False) -> None:
         """Defaults are vLLM's (suffix_decoding_max_tree_depth 24, max_spec_factor 1, min_token_prob 0.1);
-        tree_spec=False drafts the single most frequent path, as vLLM does; use_global=False keeps the local tree."""
+        tree_spec=False drafts the single most frequent path, as vLLM does; use_global=False keeps the local tree.
+        sized: trim each step's draft to the part that pays most on this machine (trees/sized.py; the run measures
+        L(n) and calls fit): its probabilities are count ratios of the trees, which the StepSizer calibrates."""
         self.check_config({"max_depth": max_depth, "max_spec_factor": max_spec_factor,
                            "max_spec_offset": max_spec_offset, "min_token_prob": min_token_prob,
-                           "use_global": use_global, "warmup": warmup, "suffix_tree": suffix_tree})
+                           "use_global": use_global, "warmup": warmup, "suffix_tree": suffix_tree, "sized": sized})
+        self.sized, self.sizer = sized, StepSizer()
         self.tree_class = suffix_tree_class(suffix_tree)
         self.max_depth, self.budget = max_depth, tree.budget
         self.max_spec_factor, self.max_spec_offset, self.min_token_prob = max_spec_factor, max_spec_offset, min_token_prob
         self.tree_spec, self.use_global = bool(tree_spec), bool(use_global)
         self.corpus = [] if warmup is None else warmup_documents(Path(warmup).expanduser(), target.tokenizer)
-        self.learns_across_answers = self.use_global
+        self.learns_across_answers = self.use_global or sized
         self.forget()
         self.local_tree, self.seen, self.prompt_len, self.sequence = None, 0, 0, None
 
@@ -101,6 +106,8 @@ class SuffixDrafter(Drafter):
             raise SpecbenchError(f"method.drafter.min_token_prob={config['min_token_prob']!r} is invalid: it must be "
                                  f"in [0, 1]")
         suffix_tree_class(config["suffix_tree"])
+        if not isinstance(config.get("sized", False), bool):
+            raise SpecbenchError(f"method.drafter.sized={config['sized']!r} is invalid: it must be true or false")
         warmup = config["warmup"]
         if warmup is not None and not config["use_global"]:
             raise SpecbenchError("method.drafter.warmup fills the global tree: it needs method.drafter.use_global=true")
@@ -109,8 +116,9 @@ class SuffixDrafter(Drafter):
                                  f"text file")
 
     def forget(self) -> None:
-        """A global tree of the warm-up corpus alone. It is shared by the forks a batch makes (batching.fork_drafter
-        copies shallowly): every sequence adds its answer."""
+        """A global tree of the warm-up corpus alone, and a sized draft's calibration at its prior. The tree is shared
+        by the forks a batch makes (batching.fork_drafter copies shallowly): every sequence adds its answer."""
+        self.sizer.forget()
         self.global_tree = self.tree_class(self.max_depth) if self.use_global else None
         self.sequence_ids = count()
         for doc in self.corpus:
@@ -120,6 +128,7 @@ class SuffixDrafter(Drafter):
         """A fresh local tree and a new sequence in the global one; both are extended as propose sees tokens."""
         self.local_tree, self.seen, self.prompt_len = self.tree_class(self.max_depth), 0, state.prompt_len
         self.sequence = next(self.sequence_ids)
+        self.sizer.reset()
 
     def _extend(self, tokens: list[int]) -> None:
         """Add the tokens accepted since the last step (the decoder grows one list in place)."""
@@ -138,4 +147,11 @@ class SuffixDrafter(Drafter):
         if self.global_tree is not None:
             other = self.global_tree.speculate(context, *args)
             draft = draft if draft.score >= other.score else other
-        return TokenTree([state.root, *draft.token_ids], [-1, *(p + 1 for p in draft.parents)])
+        tokens, parents = [state.root, *draft.token_ids], [-1, *(p + 1 for p in draft.parents)]
+        n = self.sizer.size(state.tokens, tokens, parents, list(draft.probs))
+        return TokenTree(tokens[:n], parents[:n])
+
+    def fit(self, latency_ms) -> None:
+        """A sized draft reads L(n) for every size it may pick."""
+        if self.sized:
+            self.sizer.fit(latency_ms, self.budget)

@@ -44,19 +44,6 @@ def best_budget(accept_prob: list[list[float]], latency_ms: Callable[[int], floa
     return min(n for n, r in rate.items() if r >= (1 - NEAR_TIE) * best), rate
 
 
-def paying_size(accept: list[float], step_ms: list[float]) -> int:
-    """Per step, the node count n (root included, n = 1 a plain step) whose expected accepted tokens per ms,
-    (1 + accept[0] + ... + accept[n - 2]) / step_ms[n - 1], is highest: `accept` the probability that each node of a
-    best-first tree lies on the accepted path (a parent before its children, so every first n nodes are a tree),
-    step_ms L(1), L(2), ... The smaller tree takes a tie."""
-    best, best_rate, expected = 1, 1.0 / step_ms[0], 1.0
-    for n, p in enumerate(accept[: len(step_ms) - 1], start=2):
-        expected += p
-        if expected / step_ms[n - 1] > best_rate:
-            best, best_rate = n, expected / step_ms[n - 1]
-    return best
-
-
 class HardwareAwarePolicy(GreedyPolicy):
     """tree.budget caps n*; after fitting, budget is n*. Needs a latency curve (fit) before it builds;
     accept_prob=None takes the drafter's own (Medusa's artifact); draft_ms: the drafter's cost (fit)."""
