@@ -61,7 +61,7 @@ class Request:
     @property
     def sized(self) -> bool:
         """Some method sizes its tree from this machine's L(n): a hardware-aware tree, or a drafter asked to size
-        its own (sssd's sized)."""
+        its own per step (method.drafter.sized: SSSD, suffix decoding, the hybrid)."""
         return (any(isinstance(t, HardwareAwarePolicy) for t in self.trees)
                 or any(e.cfg.method.drafter.get("sized", False) for e in self.entries))
 

@@ -69,7 +69,7 @@ def with_budgets(summary: pd.DataFrame, settings: dict) -> pd.DataFrame:
 
     def budget(label: str, mean_tree: float) -> float:
         """A hardware-aware tree's budget is only its cap: it is plotted at the size it chose (the mean rows), and a
-        tree sized per step (SSSD's sized) at its mean size."""
+        tree sized per step (method.drafter.sized) at its mean size."""
         tree = methods.get(label, {}).get("tree", {})
         if not np.isfinite(mean_tree):
             return tree.get("budget", np.nan)
