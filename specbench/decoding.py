@@ -58,11 +58,13 @@ class Decoder:
         self.timer = StepTimer(model.device)  # CUDA events and one sync per step on a GPU (see specbench.timing)
 
     def compile_ahead(self, shortest: int, longest: int) -> None:
-        """Let the target compile now what generations whose context runs from `shortest` to `longest` tokens would
-        compile on the way (OpenVinoForward.compile_ahead: a static model per cache capacity), so none is timed."""
+        """Let the target and the drafter compile now what generations whose context runs from `shortest` to `longest`
+        tokens would compile on the way (OpenVinoForward.compile_ahead: a static model per cache capacity), so none is
+        timed."""
         ahead = getattr(self.model, "compile_ahead", None)
         if ahead is not None:
             ahead(shortest, longest)
+        self.drafter.compile_ahead(shortest, longest)
 
     def _check_prompt(self, prompt_ids: list[int]) -> None:
         if len(prompt_ids) == 0:

@@ -853,17 +853,19 @@ def test_eagle_and_medusa_on_openvino_draft_with_its_heads_and_stay_lossless(tin
         drafter = build_drafter(cfg.method.drafter, tiny, build(cfg.tree), "openvino")
         if method == "eagle":
             assert isinstance(drafter.head, OpenVinoEagleHead)
-            # five committed rows, then a tree level of three rows under a tree mask (rows 0 and 2 siblings); the IR's
-            # int8 rounding must stay well under what seeing a sibling's row would move the logits by
+            # five committed rows from the target's unfused features (the head's fuse runs inside their call), then a
+            # tree level of three rows under a tree mask (rows 0 and 2 siblings); the IR's int8 rounding must stay well
+            # under what seeing a sibling's row would move the logits by
             torch.manual_seed(0)
             caches, mask = (DynamicCache(), DynamicCache(), DynamicCache()), torch.ones(1, 1, 3, 8, dtype=torch.bool)
             mask[0, 0, :, 5:] = torch.tensor([[1, 0, 0], [1, 1, 0], [0, 0, 1]], dtype=torch.bool)
             causal = mask.clone()
             causal[0, 0, :, 5:] = torch.ones(3, 3, dtype=torch.bool).tril()
-            features, embeds = torch.randn(1, 5, d), torch.randn(1, 5, d)
+            raw, embeds = torch.randn(1, 5, len(eager.head.layers) * d), torch.randn(1, 5, d)
             for cache in caches[:2]:
-                eager.head(features, embeds, past_key_values=cache)
-            drafter.head.draft(features, embeds, past_key_values=caches[2])
+                fused = eager.head(eager.head.fuse(raw), embeds, past_key_values=cache)
+            out, _ = drafter.head.draft(raw, embeds, past_key_values=caches[2], committed=True)
+            assert (out - fused).abs().max() < 0.05 * fused.abs().max()
             features, embeds, positions = torch.randn(1, 3, d), torch.randn(1, 3, d), torch.tensor([[5, 6, 5]])
             kept, seen = (eager.head.lm_head(eager.head(features, embeds, past_key_values=cache, attention_mask=m,
                                                         position_ids=positions))

@@ -122,6 +122,11 @@ class Drafter(ABC):
         as an int8 OpenVinoLinear, EAGLE's whole head as one call per tree level). It only drafts, so the verify still
         decides every token; a drafter without such a module keeps this no-op."""
 
+    def compile_ahead(self, shortest: int, longest: int) -> None:
+        """Compile now what drafting for contexts of `shortest` to `longest` tokens would compile on the way (an
+        OpenVINO head's static model per cache capacity), so no timed step holds a compile; most drafters compile
+        nothing."""
+
     # ms one step of drafting a static tree of these paths (Medusa's choices) costs here, measured by the drafter
     # itself; None: not measured, and a hardware-aware tree then counts the target's L(n) alone
     draft_ms: Callable[[list[list[int]]], float] | None = None

@@ -168,6 +168,11 @@ class EagleDrafter(Drafter):
         self.head = heads[best.index(min(best))]
         self._level_ms = None  # draft_ms measures the head that drafts
 
+    def compile_ahead(self, shortest: int, longest: int) -> None:
+        """The OpenVINO head's static models for the draft cache's sizes, which follow the target's context."""
+        if isinstance(self.head, OpenVinoEagleHead):
+            self.head.compile_ahead(shortest, longest)
+
     def prefill_extras(self, prompt: TokenTree) -> tuple[torch.Tensor, torch.Tensor]:
         """No extra rows, but an (empty) answer: the drafter then observes the prefill, which hands it the target's
         features at every prompt position (Drafter.prefill_extras)."""
@@ -192,8 +197,7 @@ class EagleDrafter(Drafter):
         lacks (the root's own row, target feature and root token, is the last of them)."""
         if nodes == [0]:
             features, tokens = self._pending
-            out, logits = self._draft(self.head.fuse(features.to(self.head.fc.weight.dtype)[None]),
-                                      self._embed(tokens), past_key_values=self.cache)
+            out, logits = self._draft_committed(features[None], self._embed(tokens))
             self._committed = self.cache.get_seq_length()
             self._features[0] = out[0, -1]
             return self._draft_probs(logits[0, -1:])
@@ -218,6 +222,12 @@ class EagleDrafter(Drafter):
 
     def _embed(self, tokens: list[int]) -> torch.Tensor:
         return self.embed(torch.tensor([tokens], device=self.embed.weight.device))
+
+    def _draft_committed(self, features: torch.Tensor, embeds: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """_draft over committed rows, from the target's features: fused by the head (on OpenVINO in the same call)."""
+        if isinstance(self.head, OpenVinoEagleHead):
+            return self.head.draft(features, embeds, past_key_values=self.cache, committed=True)
+        return self._draft(self.head.fuse(features.to(self.head.fc.weight.dtype)), embeds, past_key_values=self.cache)
 
     def _draft(self, features: torch.Tensor, embeds: torch.Tensor, **body_kwargs) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's output feature and draft logits: one call on OpenVINO (OpenVinoEagleHead computes both), else

@@ -281,6 +281,10 @@ class HybridDrafter(Drafter):
         for source in self.sources.values():
             source.on_openvino()
 
+    def compile_ahead(self, shortest: int, longest: int) -> None:
+        for source in self.sources.values():
+            source.compile_ahead(shortest, longest)
+
     def fit(self, latency_ms) -> None:
         if self.sized:
             self.step_ms = [latency_ms(n) for n in range(1, self.budget + 1)]

@@ -78,11 +78,12 @@ class OpenVinoForward(nn.Module):
     DynamicCache, logits_to_keep), run by a compiled OpenVINO IR (export.py). The embedding stays a PyTorch module, so
     `get_input_embeddings`, `parameters()` and the memory accounting see it. `claims` says what the route promises of
     a verify's rows (BITWISE, ROUNDING or DIFFERS). `static` (compile.StaticModels) runs a call of a compiled row
-    count at its cache buffer's capacity where it can; without it those calls run the row models, context dynamic."""
+    count at its cache buffer's capacity where it can; without it those calls run the row models, context dynamic.
+    `buffers` shares another forward's cache buffers (the prefill's do: one cache run by two IRs never moves)."""
 
     def __init__(self, model: nn.Module, compiled, by_rows: dict | None = None, claims: str = ROUNDING,
                  row_invariant: bool = False, prefill: "OpenVinoForward | None" = None,
-                 static: "StaticModels | None" = None) -> None:
+                 static: "StaticModels | None" = None, buffers: CacheBuffers | None = None) -> None:
         super().__init__()
         import openvino as ov
 
@@ -93,7 +94,9 @@ class OpenVinoForward(nn.Module):
         self.config, self.generation_config = model.config, model.generation_config
         self.layers = model.config.num_hidden_layers
         shape = (2 * self.layers, model.config.num_key_value_heads, head_dim(model.config))
-        self.buffers = prefill.buffers if prefill is not None else CacheBuffers(shape)
+        if buffers is None:
+            buffers = prefill.buffers if prefill is not None else CacheBuffers(shape)
+        self.buffers = buffers
         self.request = compiled.create_infer_request()  # batch 1: reads a cache buffer in place
         self.batch_request = compiled.create_infer_request()  # batches: the cache copied into its own memory
         self.by_rows = {rows: c.create_infer_request() for rows, c in (by_rows or {}).items()}
