@@ -836,6 +836,7 @@ def test_eagle_and_medusa_on_openvino_draft_with_its_heads_and_stay_lossless(tin
     from specbench.config import build
     from specbench.evaluation.methods import build_drafter
     from specbench.execution.openvino import OpenVinoEagleHead, OpenVinoLinear
+    from specbench.execution.openvino.forward import CACHE_STEP
     from tests.conftest import compose_cfg, random_medusa_artifact
     from tests.test_eagle import eagle_artifact
 
@@ -880,9 +881,17 @@ def test_eagle_and_medusa_on_openvino_draft_with_its_heads_and_stay_lossless(tin
             kept, logits = eager.lm_head(x), drafter.lm_head(x)
         assert not isinstance(tiny.model.get_output_embeddings(), OpenVinoLinear)
         assert torch.allclose(logits, kept, atol=0.05 * kept.abs().max().item()), method
-        run = Decoder(target, drafter, ExactAcceptance(), SamplingParams(), 24, tiny.eos_token_ids,
-                      max_context=tiny.max_context).generate(prompt)
+        decoder = Decoder(target, drafter, ExactAcceptance(), SamplingParams(), 24, tiny.eos_token_ids,
+                          max_context=tiny.max_context)
+        run = decoder.generate(prompt)
         assert run.tokens == plain.tokens and any(s.tree_size > 1 for s in run.steps), method
+        if method == "eagle":  # the head's static models too are compiled ahead, for capacities no step reached yet
+            forwards = (drafter.head.levels, drafter.head.committed)
+            before = [set(f.static.requests) for f in forwards]
+            decoder.compile_ahead(len(prompt), 3 * CACHE_STEP)
+            for forward, built in zip(forwards, before):
+                assert {capacity for _, capacity in set(forward.static.requests) - built} == {2 * CACHE_STEP,
+                                                                                           3 * CACHE_STEP}
 
 
 @pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed")
