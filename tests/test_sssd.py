@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from pydivsufsort import divsufsort
 
 from specbench.acceptance import ExactAcceptance
 from specbench.data.datastore import Datastore, count_trie, spread
@@ -98,6 +99,27 @@ def test_datastore_lookup_counts_on_a_hand_made_corpus(tiny, tmp_path):
     store.save(path)
     loaded = Datastore.load(path, tiny.tokenizer, tiny.name)
     assert (loaded.suffix_array == store.suffix_array).all() and loaded.meta == store.meta
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.int32])
+def test_match_range_finds_exactly_the_suffixes_starting_with_the_pattern(dtype):
+    """The packed-key search (numpy over each suffix's first tokens, then bisect over the rest) against a brute-force
+    scan: patterns shorter than, as long as and longer than a key's tokens, found or not, near the array's end too.
+    A small vocabulary makes long shared prefixes; int32 ids pack two to a key, uint16 four."""
+    rng = np.random.default_rng(0)
+    separator = 7 if dtype == np.uint16 else 70_000  # int32 stores hold ids past 16 bits
+    docs = [rng.integers(0, 4, rng.integers(1, 40)) for _ in range(30)]
+    if dtype == np.int32:
+        docs = [np.where(d == 3, 66_000, d) for d in docs]
+    tokens = np.concatenate([np.append(d, separator) for d in docs]).astype(dtype)
+    store = Datastore(tokens, divsufsort(tokens), {"separator": separator})
+    text = tokens.tolist()
+    patterns = [text[i: i + k] for i in rng.integers(0, len(text) - 12, 60) for k in range(1, 11)]
+    patterns = [p for p in patterns if separator not in p] + [list(rng.integers(0, 3, k)) for k in range(1, 9)]
+    for pattern in patterns:
+        lo, hi = store.match_range(pattern)
+        starts = sorted(store.suffix_array[lo:hi].tolist())
+        assert starts == [i for i in range(len(text)) if text[i: i + len(pattern)] == pattern], pattern
 
 
 def test_samples_spread_over_the_match_range():
