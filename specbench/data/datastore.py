@@ -4,7 +4,7 @@ The suffix array comes from pydivsufsort (libdivsufsort). The search is a lexico
 because pydivsufsort's sa_search only takes byte strings, and our tokens are 16/32-bit ids: numpy's searchsorted over
 each suffix's first tokens packed into one 64-bit integer (`prefix_keys`), then bisect with a key over the pattern's
 further tokens within that range. bisect alone, a Python key per comparison over the whole array, made a lookup
-half as long again (experiments/sssd/README.md); the keys cost 8 bytes a token of memory and a few seconds at load.
+half as long again (experiments/sssd/README.md); the keys cost 8 bytes a token of memory and under a second at load.
 Documents are joined with a separator id outside the vocabulary, so no continuation runs from one into the next.
 One index file (.npz) holds the tokens, the suffix array and a JSON record: the tokenizer's fingerprint, the model
 name and the build settings. Two corpora feed it (datastore=): ShareGPT's human text, or the target's own greedy
@@ -76,15 +76,13 @@ def default_path(model_name: str) -> Path:
 def prefix_keys(tokens: np.ndarray, suffix_array: np.ndarray) -> tuple[np.ndarray, int]:
     """(keys, bits): each suffix's first 64 // bits tokens packed into one uint64, the first in the high bits, in
     suffix-array order, so the keys are sorted as the suffixes are; a suffix shorter than that is padded with zeros
-    (it ends on the separator, which no searched pattern holds, so no pattern matches the padding)."""
-    bits = 16 if tokens.dtype.itemsize <= 2 else 32
-    per, n = 64 // bits, len(tokens)
-    keys = np.zeros(len(suffix_array), dtype=np.uint64)
-    for j in range(per):
-        index = suffix_array.astype(np.int64) + j
-        column = np.where(index < n, tokens[np.minimum(index, n - 1)], 0).astype(np.uint64)
-        keys |= column << np.uint64(bits * (per - 1 - j))
-    return keys, bits
+    (it ends on the separator, which no searched pattern holds, so no pattern matches the padding). Read as the 8 bytes
+    at each suffix's start in a big-endian copy of the tokens: one gather, a third of the time of one per token."""
+    size = 2 if tokens.dtype.itemsize <= 2 else 4
+    padded = np.zeros(len(tokens) + 8 // size - 1, dtype=f">u{size}")
+    padded[: len(tokens)] = tokens
+    windows = np.lib.stride_tricks.as_strided(padded.view(np.uint8), shape=(len(tokens), 8), strides=(size, 1))
+    return windows[suffix_array].view(">u8").reshape(-1).astype(np.uint64), 8 * size
 
 
 class Datastore:
