@@ -45,7 +45,7 @@ from specbench.drafters.base import DecodeState, Drafter, DrafterCost, StepOutco
 from specbench.errors import SpecbenchError
 from specbench.trees.native import NativePolicy
 from specbench.trees.policy import TreePolicy
-from specbench.trees.sized import paying_size
+from specbench.trees.sized import check_sized, paying_size
 from specbench.trees.token_tree import TokenTree
 
 
@@ -173,8 +173,7 @@ class HybridDrafter(Drafter):
                     0 < value <= 1 if low_open else 0 <= value <= 1):
                 raise SpecbenchError(f"method.drafter.{knob}={value!r} is invalid: it must be a number in "
                                      f"{'(0, 1]' if low_open else '[0, 1]'}")
-        if not isinstance(config.get("sized", False), bool):
-            raise SpecbenchError(f"method.drafter.sized={config['sized']!r} is invalid: it must be true or false")
+        check_sized(config.get("sized", False))
         weight = config["prior_weight"]
         if not isinstance(weight, (int, float)) or isinstance(weight, bool) or weight <= 0:
             raise SpecbenchError(f"method.drafter.prior_weight={weight!r} is invalid: it must be a number > 0")

@@ -29,7 +29,7 @@ from specbench.data.datastore import TrieNode, count_trie, load_or_build, spread
 from specbench.drafters.base import DecodeState, Drafter
 from specbench.errors import SpecbenchError
 from specbench.trees.policy import TreePolicy
-from specbench.trees.sized import StepSizer
+from specbench.trees.sized import StepSizer, check_sized
 from specbench.trees.token_tree import TokenTree
 
 SOURCES = ("input", "datastore")
@@ -82,8 +82,7 @@ class SSSDDrafter(Drafter):
                             ("depth_discount", depth_discount)]:
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 < value <= 1:
                 raise SpecbenchError(f"sssd {knob}={value!r} is invalid: it must be a number in (0, 1]")
-        if not isinstance(sized, bool):
-            raise SpecbenchError(f"sssd sized={sized!r} is invalid: it must be true or false")
+        check_sized(sized, "sssd sized")
         self.sources, self.budget, self.sized, self.sizer = sources, tree.budget, sized, StepSizer()
         self.learns_across_answers = sized  # what a score's acceptance is (Evaluator._relearn)
         self.input_max_prefix, self.datastore_max_prefix = input_max_prefix, datastore_max_prefix

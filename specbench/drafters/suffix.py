@@ -23,7 +23,7 @@ from specbench.drafters.base import DecodeState, Drafter
 from specbench.drafters.suffix_tree import SuffixTree as PythonSuffixTree
 from specbench.errors import SpecbenchError
 from specbench.trees.policy import TreePolicy
-from specbench.trees.sized import StepSizer
+from specbench.trees.sized import StepSizer, check_sized
 from specbench.trees.token_tree import TokenTree
 
 IMPLEMENTATIONS = ("auto", "arctic", "python")
@@ -106,8 +106,7 @@ class SuffixDrafter(Drafter):
             raise SpecbenchError(f"method.drafter.min_token_prob={config['min_token_prob']!r} is invalid: it must be "
                                  f"in [0, 1]")
         suffix_tree_class(config["suffix_tree"])
-        if not isinstance(config.get("sized", False), bool):
-            raise SpecbenchError(f"method.drafter.sized={config['sized']!r} is invalid: it must be true or false")
+        check_sized(config.get("sized", False))
         warmup = config["warmup"]
         if warmup is not None and not config["use_global"]:
             raise SpecbenchError("method.drafter.warmup fills the global tree: it needs method.drafter.use_global=true")

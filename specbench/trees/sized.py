@@ -12,8 +12,16 @@ from __future__ import annotations
 import math
 from typing import Callable
 
+from specbench.errors import SpecbenchError
+
 SCORE_BUCKETS = 24  # a node's score in (2 ** -((b + 1) / 2), 2 ** -(b / 2)] falls in bucket b, the last holding the rest
 PRIOR_JUDGED = 2.0  # a bucket's first guess, its own score, weighs as this many judged candidates
+
+
+def check_sized(value, key: str = "method.drafter.sized") -> None:
+    """One line for a `sized` knob that is not a bool (every drafter that sizes per step takes it)."""
+    if not isinstance(value, bool):
+        raise SpecbenchError(f"{key}={value!r} is invalid: it must be true or false")
 
 
 def paying_size(accept: list[float], step_ms: list[float]) -> int:

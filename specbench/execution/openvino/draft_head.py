@@ -128,8 +128,9 @@ class OpenVinoEagleHead(nn.Module):
         return out.hidden_states[-1], out.logits
 
     def compile_ahead(self, shortest: int, longest: int) -> None:
-        """Both IRs' static models for a draft cache of `shortest` to `longest` rows (OpenVinoForward.compile_ahead)."""
-        for forward in {id(f): f for f in (self.levels, self.committed)}.values():
+        """Both IRs' static models for a draft cache of `shortest` to `longest` rows (OpenVinoForward.compile_ahead,
+        which compiles nothing twice: a head without a fuse runs one IR as both)."""
+        for forward in (self.levels, self.committed):
             forward.compile_ahead(shortest, longest)
 
 
