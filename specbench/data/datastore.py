@@ -3,8 +3,8 @@
 The suffix array comes from pydivsufsort (libdivsufsort). The search is a lexicographic binary search written here
 because pydivsufsort's sa_search only takes byte strings, and our tokens are 16/32-bit ids: numpy's searchsorted over
 each suffix's first tokens packed into one 64-bit integer (`prefix_keys`), then bisect with a key over the pattern's
-further tokens within that range. bisect alone, a Python key per comparison over the whole array, made a lookup
-half as long again (experiments/sssd/README.md); the keys cost 8 bytes a token of memory and under a second at load.
+further tokens within that range, since bisect alone pays a Python key for every comparison over the whole array
+(measured in experiments/sssd/README.md). The keys cost 8 bytes a token of memory, built once at load.
 Documents are joined with a separator id outside the vocabulary, so no continuation runs from one into the next.
 One index file (.npz) holds the tokens, the suffix array and a JSON record: the tokenizer's fingerprint, the model
 name and the build settings. Two corpora feed it (datastore=): ShareGPT's human text, or the target's own greedy
@@ -77,7 +77,8 @@ def prefix_keys(tokens: np.ndarray, suffix_array: np.ndarray) -> tuple[np.ndarra
     """(keys, bits): each suffix's first 64 // bits tokens packed into one uint64, the first in the high bits, in
     suffix-array order, so the keys are sorted as the suffixes are; a suffix shorter than that is padded with zeros
     (it ends on the separator, which no searched pattern holds, so no pattern matches the padding). Read as the 8 bytes
-    at each suffix's start in a big-endian copy of the tokens: one gather, a third of the time of one per token."""
+    at each suffix's start in a big-endian copy of the tokens: one gather over the suffix array, not one per token
+    (experiments/sssd/README.md)."""
     size = 2 if tokens.dtype.itemsize <= 2 else 4
     padded = np.zeros(len(tokens) + 8 // size - 1, dtype=f">u{size}")
     padded[: len(tokens)] = tokens
