@@ -54,6 +54,13 @@ class CacheBuffer:
         self.memory = torch.zeros(layers_kv, 1, kv_heads, capacity, width)
         self.tensor = ov.Tensor(self.memory.numpy(), shared_memory=True)
         self.layers = self.memory.unbind(0)
+        # each layer's address and strides, read once: a cache's layers are checked against them on every call
+        self._slots = [(t.data_ptr(), t.stride()) for t in self.layers]
+
+    def holds(self, cache) -> bool:
+        """Whether every layer of `cache` views this buffer's leading slots (its rows lie where the IR reads)."""
+        return all(t.data_ptr() == address and t.stride() == strides
+                   for t, (address, strides) in zip(_tensors(cache), self._slots))
 
 
 class CacheBuffers:
@@ -135,8 +142,8 @@ class OpenVinoForward(nn.Module):
         if batch != 1:
             return self._batched(embeds, mask, position_ids, cache, output_hidden_states, logits_to_keep)
         buffer = self.buffers.holding(cache, past + n)
-        for t, slot in zip(_tensors(cache), buffer.layers):
-            if past and not views(t, slot):  # a cache filled elsewhere, or outgrowing its buffer: one copy
+        if past and not buffer.holds(cache):  # a cache filled elsewhere, or outgrowing its buffer: one copy
+            for t, slot in zip(_tensors(cache), buffer.layers):
                 slot[:, :, :past] = t
         # recent_attention gathers from a cache of at least one slot; an empty cache is read as none
         width = buffer.capacity if past or self.row_invariant else 0
@@ -160,9 +167,9 @@ class OpenVinoForward(nn.Module):
         buffer.memory[:, :, :, past:past + n] = new[:, :, :, :n]
         _view_layers(cache, buffer, past + n, self.layers)
         # copies of the outputs: the request reuses its buffers on the next call
-        logits = logits[:, kept_rows(logits_to_keep, n)] if rows else logits
+        logits = _kept(logits, logits_to_keep, n) if rows else logits.clone()
         hidden = hidden[:, :, :n].clone().unbind(0) if output_hidden_states else None
-        return CausalLMOutputWithPast(logits=logits.clone(), past_key_values=cache, hidden_states=hidden)
+        return CausalLMOutputWithPast(logits=logits, past_key_values=cache, hidden_states=hidden)
 
     def _batched(self, embeds, mask, position_ids, cache: DynamicCache, output_hidden_states: bool, logits_to_keep):
         """A batch of sequences on the dynamic model: the cache copied into the request's own input memory (padded to
@@ -262,11 +269,12 @@ class OpenVinoForward(nn.Module):
 
 def _view_layers(cache: DynamicCache, buffer: CacheBuffer, length: int, layers: int) -> None:
     """`cache`'s layers made views of `buffer`'s first `length` slots (layers a DynamicCache made without a config
-    has not built yet are added, as its update would)."""
+    has not built yet are added, as its update would). One slice and one unbind make all the views: a slice per
+    layer cost twice as long, a visible share of a one-row step."""
     if cache.layer_class_to_replicate is not None:
         cache.layers.extend(cache.layer_class_to_replicate() for _ in range(layers - len(cache.layers)))
-    for layer, keys, values in zip(cache.layers, buffer.layers[0::2], buffer.layers[1::2]):
-        keys, values = keys[:, :, :length], values[:, :, :length]
+    views = buffer.memory[:, :, :, :length].unbind(0)
+    for layer, keys, values in zip(cache.layers, views[0::2], views[1::2]):
         if not layer.is_initialized:
             layer.lazy_initialization(keys, values)
         layer.keys, layer.values = keys, values
@@ -289,6 +297,14 @@ def _padded_rows(embeds, mask, position_ids, rows: int):
     return embeds, mask, position_ids
 
 
+def _kept(logits: torch.Tensor, logits_to_keep, n: int) -> torch.Tensor:
+    """A copy of the kept rows of a padded call's logits (kept_rows): the last k by one slice, given rows by one
+    gather, so the rows are copied once."""
+    if isinstance(logits_to_keep, torch.Tensor):
+        return logits.index_select(1, kept_rows(logits_to_keep, n))
+    return logits[:, n - logits_to_keep if logits_to_keep else 0:n].clone()
+
+
 def kept_rows(logits_to_keep, n: int) -> torch.Tensor:
     """The rows whose logits a call returns, as transformers' `logits_to_keep`: the last k for an int k (0: all),
     or the given row indices."""
@@ -303,11 +319,6 @@ def causal_chain(mask: torch.Tensor, position_ids: torch.Tensor, past: int) -> b
     batch, _, n, _ = mask.shape
     return (batch == 1 and torch.equal(position_ids, torch.arange(past, past + n)[None])
             and torch.equal(mask, full_mask(None, 1, n, past)))
-
-
-def views(t: torch.Tensor, base: torch.Tensor) -> bool:
-    """Whether `t` is a leading slice of `base`'s memory: the same first element and strides."""
-    return t.data_ptr() == base.data_ptr() and t.stride() == base.stride()
 
 
 def padded_mask(mask: torch.Tensor, past: int, padded: int) -> torch.Tensor:
