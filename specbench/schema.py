@@ -126,6 +126,8 @@ class DatastoreSchema:
     max_new_tokens: int = setting(low=1)
     batch_size: int = setting(low=1)
     dtype: str = setting(choices=list(DTYPES))
+    generator: str = setting(choices=["eager", "openvino"])
+    generator_weights: str = setting()  # engines/openvino.check_weights says which
 
 
 @dataclass

@@ -1,6 +1,8 @@
 """datastore=self_distilled: SSSD's index of the target's own greedy answers, generated resumably, capped to a size,
 found by method=sssd; bad input in one line."""
 
+import importlib.util
+
 import pytest
 
 from specbench.acceptance import ExactAcceptance
@@ -120,14 +122,42 @@ def test_method_sssd_drafts_from_it_when_the_run_names_it(tiny, cache, tmp_path)
         build_drafter(missing.method.drafter, tiny, NativePolicy(8))
 
 
+@pytest.mark.skipif(importlib.util.find_spec("openvino_genai") is None or importlib.util.find_spec("nncf") is None,
+                    reason="openvino-genai or nncf is not installed")
+def test_the_engine_answers_as_the_eager_loop_in_fp32_into_a_cache_of_its_own(tiny, cache, tmp_path):
+    """generator=openvino: GenAI's continuous batching on the target's fp32 IR writes the eager loop's greedy answers
+    (the tiny model's fp32 rounding is the same on both), in its own answer cache, named in the index's metadata."""
+    eager = dispatch(compose_cfg([*SMALL, "task=datastore", "datastore.num_conversations=4",
+                                  f"datastore.path={tmp_path}/eager.npz"], tmp_path / "run"))
+    engine = dispatch(compose_cfg([*SMALL, "task=datastore", "datastore.num_conversations=4", "datastore.batch_size=3",
+                                   "datastore.generator=openvino", "datastore.generator_weights=fp32",
+                                   f"datastore.path={tmp_path}/engine.npz"], tmp_path / "run"))
+    by_eager = Datastore.load(eager, tiny.tokenizer, tiny.name)
+    by_engine = Datastore.load(engine, tiny.tokenizer, tiny.name)
+    assert documents(by_engine) == documents(by_eager) and len(documents(by_engine)) == 4
+    assert by_engine.meta["generator"] == "openvino" and by_engine.meta["generator_weights"] == "fp32"
+    assert "generator" not in by_eager.meta
+    caches = sorted((cache / "training").glob("selfdistill-tiny_random-*.jsonl"))
+    assert len(caches) == 2 and sorted(len(read_cache(c)) for c in caches) == [4, 4]
+
+
 @pytest.mark.parametrize("override, message", [
     ("datastore.corpus=web", r"datastore.corpus='web' is invalid"),
     ("datastore.num_conversations=10001", "datastore.num_conversations=10001 is invalid"),
     ("datastore.max_tokens=0", "datastore.max_tokens=0 is invalid"),
     ("datastore.dtype=int8", "datastore.dtype='int8' is invalid"),
     ("model.chat_template=false", "datastore=self_distilled prompts the target through its chat template"),
+    ("datastore.generator=vllm", r"datastore.generator='vllm' is invalid"),
 ])
 def test_bad_settings_are_one_line_before_any_answer(cache, tmp_path, override, message):
     with pytest.raises(SpecbenchError, match=message):
         dispatch(compose_cfg([*SMALL, "task=datastore", override], tmp_path / "run"))
     assert not (cache / "training").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("openvino_genai") is None, reason="openvino-genai is not installed")
+def test_the_engines_weights_are_checked_before_the_model_loads(cache, tmp_path, monkeypatch):
+    monkeypatch.setattr("specbench.tasks.datastore.build_model", lambda *a, **k: pytest.fail("a model loaded"))
+    with pytest.raises(SpecbenchError, match=r"weights='int3' is invalid: give fp32, fp16, int8 or int4_g<group>"):
+        dispatch(compose_cfg([*SMALL, "task=datastore", "datastore.generator=openvino",
+                              "datastore.generator_weights=int3"], tmp_path / "run"))

@@ -24,6 +24,7 @@ from specbench.training.features import model_fingerprint
 from specbench.training.self_distill import cache_file, generate_responses, read_cache
 
 CORPORA = ("sharegpt", "self_distilled")
+GENERATORS = ("eager", "openvino")
 
 
 def run(cfg) -> Path:
@@ -32,6 +33,8 @@ def run(cfg) -> Path:
     if corpus not in CORPORA:  # the schema checks it too; a config composed elsewhere is checked here
         raise SpecbenchError(f"datastore.corpus={corpus!r} is invalid: pick one of {list(CORPORA)}")
     dtype = settings.get("dtype") or "float32"  # sharegpt reads the tokenizer alone; loading takes ~1 s
+    if corpus == "self_distilled":
+        check_generator(settings)
     target = build_model(cfg.model, dtype=dtype)
     path = Path(settings.path).expanduser() if settings.get("path") else default_path(target.name)
     if corpus == "sharegpt":
@@ -43,18 +46,50 @@ def run(cfg) -> Path:
     return path
 
 
+def check_generator(settings) -> None:
+    """datastore.generator and, for the engine, its weights: one line before any model loads."""
+    generator = settings.get("generator") or "eager"
+    if generator not in GENERATORS:  # the schema checks it too; a config composed elsewhere is checked here
+        raise SpecbenchError(f"datastore.generator={generator!r} is invalid: pick one of {list(GENERATORS)}")
+    if generator == "openvino":
+        engine = _openvino()
+        engine.check_weights(settings.generator_weights)
+
+
+def _openvino():
+    """The OpenVINO GenAI engine module, or one line saying how to install it."""
+    try:
+        from specbench.engines import openvino
+    except ImportError as exc:
+        raise SpecbenchError(f"datastore.generator=openvino needs OpenVINO GenAI ({exc.name} is not installed): "
+                             f"pip install -e '.[engines]', or use datastore.generator=eager") from exc
+    return openvino
+
+
 def build_self_distilled(target, settings, dtype: str, path: Path) -> None:
     """The target's answers to the first num_conversations ShareGPT prompts (the missing ones generated first),
-    indexed."""
+    indexed. generator=openvino answers by GenAI's continuous batching on the target's IR (several times the eager
+    loop's tokens a second on a CPU: experiments/drafters_tau), in a cache of its own, since its weights round
+    otherwise and its answers may part from the eager ones."""
     if not target.chat_template:
         raise SpecbenchError(f"datastore=self_distilled prompts the target through its chat template, which "
                              f"model={target.name} does not use (model.chat_template=false): use datastore=sharegpt")
     count = settings.num_conversations
+    generator, answerer = settings.get("generator") or "eager", None
+    engine_key = {}
+    if generator == "openvino":
+        engine = _openvino()
+        engine.check_exportable(target.model.config, target.name)
+        weights = str(settings.generator_weights)
+        answerer = engine.BatchAnswerer(engine.export(target, weights), settings.max_new_tokens,
+                                        set(target.eos_token_ids), settings.batch_size)
+        engine_key = {"generator": generator, "generator_weights": weights}
     answers = cache_file(cache_root() / "training", target.name, max_prompt_tokens=settings.max_prompt_tokens,
-                         max_new_tokens=settings.max_new_tokens, dtype=dtype, weights=model_fingerprint(target.model))
+                         max_new_tokens=settings.max_new_tokens, dtype=dtype, weights=model_fingerprint(target.model),
+                         **engine_key)
     print(f"self-distilled answers of {target.name} to {count} ShareGPT prompts: {answers}")
     generate_responses(target, read_sharegpt(count), answers, settings.max_prompt_tokens, settings.max_new_tokens,
-                       settings.batch_size)
+                       settings.batch_size, answerer=answerer)
     records = sorted((r for r in read_cache(answers) if r["index"] < count), key=lambda r: r["index"])
     documents, described = [r["prompt"] + r["response"] for r in records], f"{len(records):,} self-distilled answers"
     extra = settings.get("with_sharegpt") or 0
@@ -62,6 +97,6 @@ def build_self_distilled(target, settings, dtype: str, path: Path) -> None:
         documents += sharegpt_documents(target.tokenizer, extra, target.chat_template)
         described += f" and {extra:,} ShareGPT conversations"
     build_index(documents, described, target.tokenizer, target.name, path, settings.get("max_tokens"),
-                corpus="self_distilled", num_conversations=count, with_sharegpt=extra,
+                corpus="self_distilled", num_conversations=count, with_sharegpt=extra, **engine_key,
                 max_prompt_tokens=settings.max_prompt_tokens, max_new_tokens=settings.max_new_tokens, dtype=dtype,
                 answers=str(answers))

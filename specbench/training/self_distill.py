@@ -49,9 +49,15 @@ def read_cache(path: Path) -> list[dict]:
 
 @torch.inference_mode()
 def generate_responses(target, conversations: list[list[dict]], path: Path, max_prompt_tokens: int = 128,
-                       max_new_tokens: int = 128, batch_size: int = 16, layers: tuple[int, ...] = ()) -> None:
+                       max_new_tokens: int = 128, batch_size: int = 16, layers: tuple[int, ...] = (),
+                       answerer=None) -> None:
     """Greedy responses of target (a LoadedModel) to each conversation's first user turn, appended to path, with
-    the hidden states `layers` of every fed position appended to the FeatureStore beside it."""
+    the hidden states `layers` of every fed position appended to the FeatureStore beside it. `answerer` (an
+    engine's BatchAnswerer: `answer(prompts) -> responses`) answers a window of prompts at once in place of the
+    eager loop; it yields no hidden states, so it answers for a datastore, not for a drafter's features."""
+    if answerer is not None and layers:
+        raise SpecbenchError("an engine's answers carry no hidden states: features for a drafter come from the "
+                             "eager loop (no answerer)")
     path.parent.mkdir(parents=True, exist_ok=True)
     done = read_cache(path)
     tok, model = target.tokenizer, target.model
@@ -73,10 +79,13 @@ def generate_responses(target, conversations: list[list[dict]], path: Path, max_
             prompts = {i: prompt_ids(tok, conversations[i], max_prompt_tokens)
                        for i in todo[window: window + batch_size * WINDOW]}
             order = sorted(prompts, key=lambda i: (len(prompts[i]), i))
-            for start in range(0, len(order), batch_size):
-                batch = order[start: start + batch_size]
-                answers = _greedy(model, [prompts[i] for i in batch], pad, set(target.eos_token_ids),
-                                  max_new_tokens, tuple(layers))
+            # an engine schedules a window's prompts itself, keeping batch_size sequences busy as answers end
+            step = len(order) if answerer is not None else batch_size
+            for start in range(0, len(order), step):
+                batch = order[start: start + step]
+                answers = ((response, {}) for response in answerer.answer([prompts[i] for i in batch])) \
+                    if answerer is not None else _greedy(model, [prompts[i] for i in batch], pad,
+                                                         set(target.eos_token_ids), max_new_tokens, tuple(layers))
                 for i, (response, hidden) in zip(batch, answers):
                     store.extend([len(prompts[i]) + len(response)])
                     if layers:
