@@ -8,7 +8,8 @@ drafter training reads (the same key: a datastore and a training run with equal 
 as they come, so an interrupted run resumes and a larger num_conversations generates only the answers missing. The
 index is rebuilt from the cache each time (seconds), optionally with ShareGPT's conversations beside the answers
 (with_sharegpt): a few hundred answers match as many continuations as all of ShareGPT, and the two together more
-(experiments/drafters_tau).
+(experiments/drafters_tau). `generator=openvino` has the deployed engine write the answers (GenAI's continuous
+batching on the target's IR, the engines extra), where the eager loop is too slow on a CPU for thousands of them.
 """
 
 from __future__ import annotations
