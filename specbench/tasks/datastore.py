@@ -69,8 +69,8 @@ def _openvino():
 
 def build_self_distilled(target, settings, dtype: str, path: Path) -> None:
     """The target's answers to the first num_conversations ShareGPT prompts (the missing ones generated first),
-    indexed. generator=openvino answers by GenAI's continuous batching on the target's IR (several times the eager
-    loop's tokens a second on a CPU: experiments/drafters_tau), in a cache of its own, since its weights round
+    indexed. generator=openvino answers by GenAI's continuous batching on the target's IR (3-5x the eager loop's
+    tokens a second on a CPU: experiments/drafters_tau/answer_speed.py), in a cache of its own, since its weights round
     otherwise and its answers may part from the eager ones."""
     if not target.chat_template:
         raise SpecbenchError(f"datastore=self_distilled prompts the target through its chat template, which "
