@@ -2,6 +2,10 @@
 found by method=sssd; bad input in one line."""
 
 import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +23,7 @@ from specbench.trees.native import NativePolicy
 
 from .conftest import compose_cfg
 
+ROOT = Path(__file__).parents[1]
 CHATS = [[{"role": "user", "content": text}] for text in
          ["the cat sat on the mat", "a dog ran after the cat", "abc abc abc", "hello hello world", "x y z x y"]]
 SMALL = ["model=tiny_random", "datastore=self_distilled", "datastore.max_new_tokens=12", "datastore.batch_size=1"]
@@ -122,22 +127,29 @@ def test_method_sssd_drafts_from_it_when_the_run_names_it(tiny, cache, tmp_path)
         build_drafter(missing.method.drafter, tiny, NativePolicy(8))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(importlib.util.find_spec("openvino_genai") is None or importlib.util.find_spec("nncf") is None,
                     reason="openvino-genai or nncf is not installed")
-def test_the_engine_answers_as_the_eager_loop_in_fp32_into_a_cache_of_its_own(tiny, cache, tmp_path):
+def test_the_engine_answers_as_the_eager_loop_in_fp32_into_a_cache_of_its_own(tiny, tmp_path):
     """generator=openvino: GenAI's continuous batching on the target's fp32 IR writes the eager loop's greedy answers
-    (the tiny model's fp32 rounding is the same on both), in its own answer cache, named in the index's metadata."""
-    eager = dispatch(compose_cfg([*SMALL, "task=datastore", "datastore.num_conversations=4",
-                                  f"datastore.path={tmp_path}/eager.npz"], tmp_path / "run"))
-    engine = dispatch(compose_cfg([*SMALL, "task=datastore", "datastore.num_conversations=4", "datastore.batch_size=3",
-                                   "datastore.generator=openvino", "datastore.generator_weights=fp32",
-                                   f"datastore.path={tmp_path}/engine.npz"], tmp_path / "run"))
-    by_eager = Datastore.load(eager, tiny.tokenizer, tiny.name)
-    by_engine = Datastore.load(engine, tiny.tokenizer, tiny.name)
+    (the tiny model's fp32 rounding is the same on both), in its own answer cache, named in the index's metadata.
+    Both run as `python run.py` in a subprocess, so no test worker keeps GenAI's pipeline and its threads."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", SPECBENCH_CACHE=str(tmp_path / "cache"))
+
+    def build(name: str, *extra: str) -> Datastore:
+        args = [sys.executable, "run.py", *SMALL, "task=datastore", "datastore.num_conversations=4", *extra,
+                f"datastore.path={tmp_path}/{name}.npz", f"hydra.run.dir={tmp_path}/{name}"]
+        proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return Datastore.load(tmp_path / f"{name}.npz", tiny.tokenizer, tiny.name)
+
+    by_eager = build("eager")
+    by_engine = build("engine", "datastore.batch_size=3", "datastore.generator=openvino",
+                      "datastore.generator_weights=fp32")
     assert documents(by_engine) == documents(by_eager) and len(documents(by_engine)) == 4
     assert by_engine.meta["generator"] == "openvino" and by_engine.meta["generator_weights"] == "fp32"
     assert "generator" not in by_eager.meta
-    caches = sorted((cache / "training").glob("selfdistill-tiny_random-*.jsonl"))
+    caches = sorted((tmp_path / "cache" / "training").glob("selfdistill-tiny_random-*.jsonl"))
     assert len(caches) == 2 and sorted(len(read_cache(c)) for c in caches) == [4, 4]
 
 
