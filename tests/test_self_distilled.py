@@ -170,6 +170,15 @@ def test_bad_settings_are_one_line_before_any_answer(cache, tmp_path, override, 
 @pytest.mark.skipif(importlib.util.find_spec("openvino_genai") is None, reason="openvino-genai is not installed")
 def test_the_engines_weights_are_checked_before_the_model_loads(cache, tmp_path, monkeypatch):
     monkeypatch.setattr("specbench.tasks.datastore.build_model", lambda *a, **k: pytest.fail("a model loaded"))
-    with pytest.raises(SpecbenchError, match=r"weights='int3' is invalid: give fp32, fp16, int8 or int4_g<group>"):
+    with pytest.raises(SpecbenchError, match=r"^datastore.generator_weights='int3' is invalid: give fp32, fp16, int8 "
+                                             r"or int4_g<group>"):
         dispatch(compose_cfg([*SMALL, "task=datastore", "datastore.generator=openvino",
                               "datastore.generator_weights=int3"], tmp_path / "run"))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("openvino_genai") is None, reason="openvino-genai is not installed")
+def test_an_int4_group_that_does_not_divide_the_models_widths_is_one_line_before_any_answer(cache, tmp_path):
+    with pytest.raises(SpecbenchError, match=r"^datastore.generator_weights=int4_g100 is invalid for this model: "):
+        dispatch(compose_cfg([*SMALL, "task=datastore", "datastore.generator=openvino",
+                              "datastore.generator_weights=int4_g100"], tmp_path / "run"))
+    assert not (cache / "training").exists()

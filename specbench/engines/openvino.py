@@ -15,6 +15,7 @@ source, the weight format and the versions that shape the IR, and written whole 
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 import warnings
@@ -40,16 +41,15 @@ WEIGHTS = re.compile(r"fp32|fp16|int8|int4_g(\d+)")
 DEFAULT_WEIGHTS = "int4_g64"  # experiments/engines' export (group 128 does not divide SmolLM2's 576 channels)
 
 
-def check_weights(weights: str, config=None) -> None:
-    """eval.engine_options.openvino.weights: fp32, fp16, int8 or int4_g<group>, a group dividing every linear's input
-    width when the model's config is known."""
+def check_weights(weights: str, config=None, key: str = "eval.engine_options.openvino.weights") -> None:
+    """An IR's weights (`key` names the setting): fp32, fp16, int8 or int4_g<group>, a group dividing every linear's
+    input width when the model's config is known."""
     match = WEIGHTS.fullmatch(str(weights))
     if match is None:
-        raise SpecbenchError(f"eval.engine_options.openvino.weights={weights!r} is invalid: give fp32, fp16, int8 or "
-                             f"int4_g<group> (e.g. int4_g64)")
+        raise SpecbenchError(f"{key}={weights!r} is invalid: give fp32, fp16, int8 or int4_g<group> (e.g. int4_g64)")
     problem = group_problem(config, weights)
     if problem:
-        raise SpecbenchError(f"eval.engine_options.openvino.weights={weights} is invalid for this model: {problem}")
+        raise SpecbenchError(f"{key}={weights} is invalid for this model: {problem}")
 
 
 def check_exportable(config, name: str) -> None:
@@ -125,17 +125,22 @@ class BatchAnswerer:
     """Greedy answers to many prompts at once, by GenAI's continuous-batching pipeline on an IR of export(): up to
     `sequences` of them decode together, each from its own empty cache, so a corpus of answers costs what a batch
     step costs, not a one-row step per token (datastore=self_distilled's `generator: openvino`). Each answer is cut
-    after its first EOS, which it keeps, as the eager loop's are."""
+    after its first EOS, which it keeps, as the eager loop's are. The pipeline is built on the first answer, so a
+    rerun whose answers are all cached compiles nothing."""
 
     def __init__(self, folder: Path, max_new_tokens: int, eos: set[int], sequences: int) -> None:
-        scheduler = og.SchedulerConfig()
-        scheduler.max_num_seqs, scheduler.enable_prefix_caching = sequences, False
-        scheduler.cache_size = 2  # GiB of KV blocks: a 135M model's sequences need a few MiB each
-        self.pipe = og.ContinuousBatchingPipeline(str(folder), scheduler, "CPU", {"PERFORMANCE_HINT": "LATENCY"})
+        self.folder, self.sequences = folder, sequences
         self.config = og.GenerationConfig()
         self.config.max_new_tokens, self.config.do_sample = max_new_tokens, False
         self.config.stop_token_ids = set(eos)
         self.eos = eos
+
+    @functools.cached_property
+    def pipe(self) -> og.ContinuousBatchingPipeline:
+        scheduler = og.SchedulerConfig()
+        scheduler.max_num_seqs, scheduler.enable_prefix_caching = self.sequences, False
+        scheduler.cache_size = 2  # GiB of KV blocks: a 135M model's sequences need a few MiB each
+        return og.ContinuousBatchingPipeline(str(self.folder), scheduler, "CPU", {"PERFORMANCE_HINT": "LATENCY"})
 
     def answer(self, prompts: list[list[int]]) -> list[list[int]]:
         results = self.pipe.generate([ov.Tensor(np.asarray([p], dtype=np.int64)) for p in prompts],

@@ -54,7 +54,7 @@ def check_generator(settings) -> None:
         raise SpecbenchError(f"datastore.generator={generator!r} is invalid: pick one of {list(GENERATORS)}")
     if generator == "openvino":
         engine = _openvino()
-        engine.check_weights(settings.generator_weights)
+        engine.check_weights(settings.generator_weights, key="datastore.generator_weights")
 
 
 def _openvino():
@@ -69,8 +69,8 @@ def _openvino():
 
 def build_self_distilled(target, settings, dtype: str, path: Path) -> None:
     """The target's answers to the first num_conversations ShareGPT prompts (the missing ones generated first),
-    indexed. generator=openvino answers by GenAI's continuous batching on the target's IR (3-5x the eager loop's
-    tokens a second on a CPU: experiments/drafters_tau/answer_speed.py), in a cache of its own, since its weights round
+    indexed. generator=openvino answers by GenAI's continuous batching on the target's IR (several sequences a step,
+    where the eager loop pads a batch: experiments/drafters_tau), in a cache of its own, since its weights round
     otherwise and its answers may part from the eager ones."""
     if not target.chat_template:
         raise SpecbenchError(f"datastore=self_distilled prompts the target through its chat template, which "
@@ -80,8 +80,9 @@ def build_self_distilled(target, settings, dtype: str, path: Path) -> None:
     engine_key = {}
     if generator == "openvino":
         engine = _openvino()
-        engine.check_exportable(target.model.config, target.name)
         weights = str(settings.generator_weights)
+        engine.check_weights(weights, target.model.config, "datastore.generator_weights")  # the group fits the widths
+        engine.check_exportable(target.model.config, target.name)
         answerer = engine.BatchAnswerer(engine.export(target, weights), settings.max_new_tokens,
                                         set(target.eos_token_ids), settings.batch_size)
         engine_key = {"generator": generator, "generator_weights": weights}

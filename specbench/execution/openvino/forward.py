@@ -269,8 +269,8 @@ class OpenVinoForward(nn.Module):
 
 def _view_layers(cache: DynamicCache, buffer: CacheBuffer, length: int, layers: int) -> None:
     """`cache`'s layers made views of `buffer`'s first `length` slots (layers a DynamicCache made without a config
-    has not built yet are added, as its update would). One slice and one unbind make all the views: a slice per
-    layer cost twice as long, a visible share of a one-row step."""
+    has not built yet are added, as its update would). One slice and one unbind make all the views, where a slice
+    per layer is a visible share of a one-row step (experiments/openvino_engine_speed, parity_sdopenvino)."""
     if cache.layer_class_to_replicate is not None:
         cache.layers.extend(cache.layer_class_to_replicate() for _ in range(layers - len(cache.layers)))
     views = buffer.memory[:, :, :, :length].unbind(0)

@@ -338,8 +338,8 @@ def _measure_profile(target: LoadedModel, path: Path, dtypes, sizes, contexts, r
 
 
 DOMINATED = 2.0  # an execution this many times slower than a measured one at both ends is not measured
-# the probe's forwards at each end, the fastest kept: one forward beside other work (a test worker's neighbour, a
-# busy machine) took 2x a tiny model's and dropped an execution the run had asked for
+# the probe's forwards at each end, the fastest kept: a single forward beside other work (a test worker's neighbour,
+# a busy machine) can take twice its time and drop an execution the run asked for
 PROBE_REPEATS = 3
 
 
