@@ -104,6 +104,7 @@ class EngineOptionsSchema:  # eval.engine_options; an engine's own group is chec
     llama_cpp: dict = setting()
     transformers: dict = setting()
     openvino: dict = setting()
+    onnxruntime: dict = setting()
 
 
 @dataclass

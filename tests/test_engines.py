@@ -343,8 +343,8 @@ def test_an_engines_memory_is_not_measured_rather_than_zero(tmp_path, fake):
 
 def test_installed_names_each_deployed_engine_installed_here_and_leaves_out_what_cannot_run(tmp_path, monkeypatch,
                                                                                             caplog):
-    """eval.engines=[installed] (the default run's) is the plain decoding of llama.cpp and OpenVINO GenAI where each is
-    installed; one that cannot decode the run's model (llama.cpp without a GGUF) or a sampled run is left out with a
+    """eval.engines=[installed] (the default run's) is the plain decoding of llama.cpp, OpenVINO GenAI and ONNX Runtime
+    GenAI where each is installed; one that cannot decode the run's model (llama.cpp without a GGUF) or a sampled run is left out with a
     log line, where naming it is one error line."""
     import logging
 
@@ -363,3 +363,33 @@ def test_installed_names_each_deployed_engine_installed_here_and_leaves_out_what
     assert [e.label for e in requested(smollm2, SamplingParams(), ["pld"])] == ["llama_cpp"]
     assert requested(smollm2, SamplingParams(temperature=0.7), ["pld"]) == []
 
+
+ONNXRUNTIME = importlib.util.find_spec("onnxruntime_genai") is None or importlib.util.find_spec("onnx_ir") is None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(ONNXRUNTIME, reason="onnxruntime-genai or onnx-ir is not installed")
+def test_onnxruntime_genai_decodes_a_model_built_here_as_our_plain_decoding_in_fp32(tmp_path, monkeypatch):
+    """The builder's fp32 model of the tiny target: ONNX Runtime GenAI's plain decoding gives our plain decoding's
+    tokens; the model is built once and then read from the cache."""
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    overrides = [*FAST, "methods=[pld]", "eval.engines=[onnxruntime]", "eval.engine_options.onnxruntime.weights=fp32",
+                 "eval.engine_options.threads=1"]
+    summary = eval_task.run(compose_cfg(overrides, tmp_path / "run")).set_index("method")
+    row = summary.loc["onnxruntime"]
+    assert row["agreement"] == 1.0 and row["weights"] == "fp32" and row["threads"] == 1
+    assert row["tau"] == pytest.approx(1.0)
+    built = sorted((tmp_path / "cache" / "onnxruntime").iterdir())
+    assert len(built) == 1 and built[0].name.endswith("-genai-fp32")
+    stamp = (built[0] / "model.onnx").stat().st_mtime_ns
+    eval_task.run(compose_cfg([*overrides, "eval.num_prompts=3"], tmp_path / "run"))  # resumes: a third prompt
+    assert (built[0] / "model.onnx").stat().st_mtime_ns == stamp  # read from the cache, not built again
+
+
+@pytest.mark.skipif(ONNXRUNTIME, reason="onnxruntime-genai or onnx-ir is not installed")
+def test_onnxruntime_weights_are_one_line_before_any_model_loads(tmp_path, monkeypatch):
+    monkeypatch.setattr(eval_task, "setup_target", lambda cfg: pytest.fail("a model loaded"))
+    with pytest.raises(SpecbenchError, match=r"^eval.engine_options.onnxruntime.weights='int4_g64' is invalid: give "
+                                             r"one of int4, int8, fp32$"):
+        eval_task.run(compose_cfg([*FAST, "eval.engines=[onnxruntime]",
+                                   "eval.engine_options.onnxruntime.weights=int4_g64"], tmp_path))

@@ -31,6 +31,8 @@ ENGINES: dict[str, EngineKind] = {
                             "specbench.engines.llama_cpp:build"),
     "openvino": EngineKind("openvino_genai", "openvino-genai", (PLAIN, "prompt_lookup", "draft"),
                            "specbench.engines.openvino:build", also=("openvino_tokenizers", "nncf")),
+    "onnxruntime": EngineKind("onnxruntime_genai", "onnxruntime-genai", (PLAIN,), "specbench.engines.onnxruntime:build",
+                              also=("onnxruntime", "onnx_ir")),
 }
 
 
@@ -50,7 +52,7 @@ class EngineEntry:
 # (transformers' generate is the eager forward the project's own plain decoding already beats, so it is no such
 # reference)
 INSTALLED = "installed"
-DEPLOYED = ("llama_cpp", "openvino")
+DEPLOYED = ("llama_cpp", "openvino", "onnxruntime")
 
 
 def parse_engines(entries) -> list[EngineEntry]:

@@ -99,6 +99,10 @@ def _check_entry(cfg, entry: EngineEntry, method_labels: list[str]) -> None:
         if entry.mode == "draft" and not OmegaConf.select(cfg, "eval.engine_options.openvino.draft_checkpoint"):
             raise SpecbenchError("eval.engines entry 'openvino:draft' needs a draft of the target's tokenizer: "
                                  "eval.engine_options.openvino.draft_checkpoint=PATH (a distilled draft artifact)")
+    if entry.engine == "onnxruntime":
+        from specbench.engines.onnxruntime import DEFAULT_WEIGHTS as ORT_WEIGHTS, check_weights as check_ort_weights
+
+        check_ort_weights(str(OmegaConf.select(cfg, "eval.engine_options.onnxruntime.weights") or ORT_WEIGHTS))
     if entry.engine == "transformers":
         from specbench.engines.hf import check_options
 

@@ -111,9 +111,10 @@ def exported(fp32: LoadedModel, stored: str, layout: str) -> str:
     return str(folder / "openvino_model.xml")
 
 
-def usable(folder: Path) -> bool:
+def usable(folder: Path, what: str = "OpenVINO export") -> bool:
     """Whether `folder` holds a whole export (every file MANIFEST records, at its size). One that does not is
-    removed with a one-line notice, so the caller exports it again instead of every later run failing on it."""
+    removed with a one-line notice naming it as `what`, so the caller exports it again instead of every later run
+    failing on it."""
     if not folder.exists():
         return False
     why = None
@@ -128,12 +129,12 @@ def usable(folder: Path) -> bool:
             why = f"{', '.join(wrong)} missing or of another size than exported"
     if why is None:
         return True
-    print(f"notice: the cached OpenVINO export {folder} is unusable ({why}); exporting it again")
+    print(f"notice: the cached {what} {folder} is unusable ({why}); exporting it again")
     broken = folder.with_name(f"{folder.name}.broken{os.getpid()}")
     try:
         folder.rename(broken)
     except OSError as exc:
-        raise SpecbenchError(f"the cached OpenVINO export {folder} is unusable ({why}) and cannot be removed "
+        raise SpecbenchError(f"the cached {what} {folder} is unusable ({why}) and cannot be removed "
                              f"({exc.strerror or exc}): remove it, or set SPECBENCH_CACHE to a folder you can "
                              f"write") from None
     shutil.rmtree(broken, ignore_errors=True)
