@@ -56,6 +56,9 @@ class Decoder:
         self.max_new_tokens, self.eos, self.seed = max_new_tokens, set(eos_token_ids), seed
         self.max_context = max_context or getattr(model.config, "max_position_embeddings", None) or 2**31
         self.timer = StepTimer(model.device)  # CUDA events and one sync per step on a GPU (see specbench.timing)
+        # a target whose verify computes a tree's rows otherwise than its plain decoding but a chain's alike (the
+        # onnxruntime backend's int8 activations: OnnxRuntimeForward) verifies each draft's first path only
+        self.chains_only = bool(getattr(model, "chains_only", False))
 
     def compile_ahead(self, shortest: int, longest: int) -> None:
         """Let the target and the drafter compile now what generations whose context runs from `shortest` to `longest`
@@ -73,8 +76,21 @@ class Decoder:
             raise SpecbenchError(f"the prompt has {len(prompt_ids)} tokens, more than the model's context of "
                                  f"{self.max_context} allows; shorten it or pick a model with a longer context")
 
-    @torch.inference_mode()
     def generate(self, prompt_ids: list[int]) -> Generation:
+        """The answer to `prompt_ids`, with torch at the thread count the target's forward asks for around it
+        (`torch_threads`: OnnxRuntimeForward's one), the process's own restored after."""
+        threads = getattr(self.model, "torch_threads", None)
+        if threads is None:
+            return self._generate(prompt_ids)
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return self._generate(prompt_ids)
+        finally:
+            torch.set_num_threads(before)
+
+    @torch.inference_mode()
+    def _generate(self, prompt_ids: list[int]) -> Generation:
         self._check_prompt(prompt_ids)
         prompt_len = len(prompt_ids)
         generator = torch.Generator().manual_seed(self.seed)
@@ -112,6 +128,8 @@ class Decoder:
         while not done:
             t0 = timer.mark()
             tree = self._fit_context(self.drafter.propose(state), cache.get_seq_length())
+            if self.chains_only and not tree.is_chain:
+                tree = tree.first_path()
             t1 = timer.mark()
             past_len = cache.get_seq_length()
             extras = self.drafter.verify_extras(tree)

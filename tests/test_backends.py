@@ -25,7 +25,10 @@ from specbench.verification import commit_path, verify_tree
 
 NO_OPENVINO = importlib.util.find_spec("openvino") is None or importlib.util.find_spec("nncf") is None
 OPENVINO = pytest.param("openvino", marks=pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed"))
-FAST = ["prepacked", "compile", OPENVINO]
+NO_ONNXRUNTIME = any(importlib.util.find_spec(m) is None for m in ("onnxruntime", "onnxruntime_genai", "onnx_ir"))
+ONNXRUNTIME = pytest.param("onnxruntime", marks=pytest.mark.skipif(NO_ONNXRUNTIME, reason="onnxruntime-genai is not "
+                                                                                          "installed"))
+FAST = ["prepacked", "compile", OPENVINO, ONNXRUNTIME]
 
 
 @pytest.fixture(scope="module")

@@ -380,7 +380,7 @@ def test_onnxruntime_genai_decodes_a_model_built_here_as_our_plain_decoding_in_f
     assert row["agreement"] == 1.0 and row["weights"] == "fp32" and row["threads"] == 1
     assert row["tau"] == pytest.approx(1.0)
     built = sorted((tmp_path / "cache" / "onnxruntime").iterdir())
-    assert len(built) == 1 and built[0].name.endswith("-genai-fp32")
+    assert len(built) == 1 and built[0].name.endswith("-fp32")
     stamp = (built[0] / "model.onnx").stat().st_mtime_ns
     eval_task.run(compose_cfg([*overrides, "eval.num_prompts=3"], tmp_path / "run"))  # resumes: a third prompt
     assert (built[0] / "model.onnx").stat().st_mtime_ns == stamp  # read from the cache, not built again
@@ -389,7 +389,7 @@ def test_onnxruntime_genai_decodes_a_model_built_here_as_our_plain_decoding_in_f
 @pytest.mark.skipif(ONNXRUNTIME, reason="onnxruntime-genai or onnx-ir is not installed")
 def test_onnxruntime_weights_are_one_line_before_any_model_loads(tmp_path, monkeypatch):
     monkeypatch.setattr(eval_task, "setup_target", lambda cfg: pytest.fail("a model loaded"))
-    with pytest.raises(SpecbenchError, match=r"^eval.engine_options.onnxruntime.weights='int4_g64' is invalid: give "
-                                             r"one of int4, int8, fp32$"):
+    with pytest.raises(SpecbenchError, match=r"^eval.engine_options.onnxruntime.weights='int4_g100' is invalid: give "
+                                             r"fp32, int8 or int4_g<group> with a group of 16, 32, 64, 128, 256"):
         eval_task.run(compose_cfg([*FAST, "eval.engines=[onnxruntime]",
-                                   "eval.engine_options.onnxruntime.weights=int4_g64"], tmp_path))
+                                   "eval.engine_options.onnxruntime.weights=int4_g100"], tmp_path))

@@ -100,9 +100,10 @@ def _check_entry(cfg, entry: EngineEntry, method_labels: list[str]) -> None:
             raise SpecbenchError("eval.engines entry 'openvino:draft' needs a draft of the target's tokenizer: "
                                  "eval.engine_options.openvino.draft_checkpoint=PATH (a distilled draft artifact)")
     if entry.engine == "onnxruntime":
-        from specbench.engines.onnxruntime import DEFAULT_WEIGHTS as ORT_WEIGHTS, check_weights as check_ort_weights
+        from specbench.engines import onnxruntime
 
-        check_ort_weights(str(OmegaConf.select(cfg, "eval.engine_options.onnxruntime.weights") or ORT_WEIGHTS))
+        onnxruntime.check_weights(str(OmegaConf.select(cfg, "eval.engine_options.onnxruntime.weights")
+                                      or onnxruntime.DEFAULT_WEIGHTS))
     if entry.engine == "transformers":
         from specbench.engines.hf import check_options
 

@@ -26,7 +26,7 @@ from specbench.drafters.base import Drafter
 from specbench.errors import SpecbenchError
 from specbench.evaluation.engines import HF_GENERATE
 
-from specbench.execution.backends import OPENVINO, with_backend
+from specbench.execution.backends import ONNXRUNTIME, OPENVINO, with_backend
 from specbench.models.loading import LoadedModel
 from specbench.models.published.files import content_fingerprint
 from specbench.names import PLAIN, is_plain
@@ -162,10 +162,10 @@ def build_drafter(drafter_cfg, target: LoadedModel, tree: TreePolicy, backend: s
     built), and what it drafts with every step runs on OpenVINO (Drafter.on_openvino)."""
     check_tree(drafter_cfg, tree)
     drafter = build(drafter_cfg, target=target, tree=tree)
-    if backend != OPENVINO:
-        drafter.on_backend(lambda derived: with_backend(derived, backend))
-    else:
+    if backend == OPENVINO:
         drafter.on_openvino()
+    elif backend != ONNXRUNTIME:  # the builder's graph is the target's alone: what a drafter derives stays eager
+        drafter.on_backend(lambda derived: with_backend(derived, backend))
     return drafter
 
 

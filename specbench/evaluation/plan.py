@@ -32,7 +32,9 @@ from specbench.hardware.measured.machine_profile import MachineProfile, load_or_
 from specbench.hardware.modelled.roofline import roofline_step_time
 from specbench.hardware.modelled.spec import MEASURED, HardwareSpec
 from specbench.execution.attention import attention_tag
-from specbench.execution.backends import OPENVINO, check_backend, check_profile_backends, with_backend
+from specbench.execution.backends import (ONNXRUNTIME, OPENVINO, OWN_GRAPH, check_backend, check_profile_backends,
+                                         with_backend)
+from specbench.execution.onnxruntime import check_run as check_onnxruntime
 from specbench.execution.value import Execution
 from specbench.execution.openvino import OWN_FORMATS, check_run as check_openvino
 from specbench.models.loading import LoadedModel, layer_count, read_config
@@ -91,6 +93,8 @@ def request(cfg, overrides: list[str] | None = None) -> Request:
         path = cfg.model.get("path")
         config = read_config(str(cfg.model.get("name", "model")), path) if isinstance(path, str) else None
         check_openvino(cfg.eval.dtype, weights, config, cfg.eval.batch_size)
+    if cfg.model.backend == ONNXRUNTIME:
+        check_onnxruntime(cfg.eval.dtype, weights, cfg.eval.batch_size)
     for text in cfg.eval.get("plain_executions") or []:
         Execution.parse(text, cfg.model.get("group_size", 32))
     sampling = SamplingParams(**cfg.sampling)
@@ -132,9 +136,9 @@ def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Pat
                  "adds the quantised targets' plain decoding (measured once per machine)")
     # drafters are built on the eager model in the run's dtype and weights (build_drafter says why); an openvino
     # target compresses its float weights itself, and its drafters read the float model
-    openvino = execution.backend == OPENVINO
-    cast = Execution("eager", execution.dtype, "fp" if openvino else execution.weights).apply(loaded)
-    target = execution.own.apply(loaded) if openvino else with_backend(cast, execution.backend)
+    own_graph = execution.backend in OWN_GRAPH
+    cast = Execution("eager", execution.dtype, "fp" if own_graph else execution.weights).apply(loaded)
+    target = execution.own.apply(loaded) if own_graph else with_backend(cast, execution.backend)
     latency = latency_curve(hw, machine, target, execution, context) if req.sized else None
     # drafters before settings: building one may make its one-time artifact (SSSD's default datastore), whose
     # fingerprint is part of the method's settings
@@ -148,7 +152,7 @@ def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Pat
     also = plain_executions(cfg, execution)  # label -> execution: eval.plain_executions
     per_method |= {label: {**PLAIN_SETTINGS, "dtype": d, "backend": b, "weights": w}
                    for label, (b, d, w) in also.items()}
-    eager_ref = (cfg.eval.eager_reference and execution.backend not in ("eager", OPENVINO)
+    eager_ref = (cfg.eval.eager_reference and execution.backend not in ("eager", *OWN_GRAPH)
                  and EAGER_REFERENCE not in fastest)
     if eager_ref:  # the run's dtype on transformers' own forward: every method's tokens are also checked against it
         per_method[EAGER_REFERENCE] = {**PLAIN_SETTINGS, "dtype": execution.dtype, "backend": "eager"}
@@ -159,7 +163,7 @@ def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Pat
     def run_as(b: str, d: str, w: str) -> LoadedModel:
         if (b, d, w) == execution.own:
             return target
-        return Execution(b, d, w).apply(loaded) if b == OPENVINO else with_backend(cast_to(d, w), b)
+        return Execution(b, d, w).apply(loaded) if b in OWN_GRAPH else with_backend(cast_to(d, w), b)
 
     # engines run on the eager model in the fastest plain decoding's dtype and weights; OpenVINO's own w4a8 formats
     # have no eager form, so theirs is the int4 one they quantise on the fly

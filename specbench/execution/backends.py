@@ -5,6 +5,8 @@
   repacks each weight on every call, which is what makes an n = 2 forward cost far more than n = 1 on CPU.
 - `openvino`: the forward run by OpenVINO's CPU runtime from an IR exported once per machine, its weights
   compressed by NNCF (execution/openvino/); applied by Execution.apply, which hands it the float weights.
+- `onnxruntime`: the forward run by ONNX Runtime on the graph ONNX Runtime GenAI's builder writes once per machine,
+  its weights quantised by the builder (execution/onnxruntime/); applied like openvino.
 - `compile`: torch.compile (inductor) of the model's forward with shapes dynamic in the tree size and the cache
   length, so one graph serves every one-token step and one every multi-row verify, and on CPU with freezing, which
   turns the weights into constants that inductor prepacks and folds (dynamo's prepare_freezing, see `_compiled`). It
@@ -27,12 +29,16 @@ import torch
 from torch import nn
 
 from specbench.errors import SpecbenchError
-from specbench.execution import graphs, openvino
+from specbench.execution import graphs, onnxruntime, openvino
 from specbench.execution.linears import fuse_projections, replace_linears
 from specbench.models.loading import LoadedModel
 
-BACKENDS = ("eager", "prepacked", "compile", "openvino", graphs.GRAPHS)
+BACKENDS = ("eager", "prepacked", "compile", "openvino", "onnxruntime", graphs.GRAPHS)
 OPENVINO = "openvino"
+ONNXRUNTIME = "onnxruntime"
+# the backends that build their own graph from the float weights and quantise them themselves (Execution.apply hands
+# them the eager float model; their drafters' derived models stay eager)
+OWN_GRAPH = (OPENVINO, ONNXRUNTIME)
 AUTO = "auto"
 # keys of a `model` config that say how the loaded model runs: the task applies them after loading (and after the
 # machine profile has chosen), so they are no arguments of the loaders
@@ -58,6 +64,8 @@ def supported(backend: str, dtype: torch.dtype, device: torch.device) -> str | N
     check_backend(backend)
     if backend == OPENVINO:
         return openvino.unsupported(dtype, device)
+    if backend == ONNXRUNTIME:
+        return onnxruntime.unsupported(dtype, device)
     if backend == graphs.GRAPHS:
         return graphs.unsupported(device)
     if backend == "prepacked":
@@ -107,6 +115,8 @@ def with_backend(target: LoadedModel, backend: str, fuse: bool = True) -> Loaded
         return target
     if backend == OPENVINO:  # it refuses a quantised target itself
         return openvino.with_openvino(target, "fp")
+    if backend == ONNXRUNTIME:
+        return onnxruntime.with_onnxruntime(target, "fp")
     if target.backend != "eager":
         raise SpecbenchError(f"the model already runs on backend '{target.backend}'; apply '{backend}' to the "
                              f"eager model")

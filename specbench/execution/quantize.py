@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from specbench.errors import SpecbenchError
-from specbench.execution import openvino
+from specbench.execution import onnxruntime, openvino
 from specbench.execution.attention import row_invariant
 from specbench.execution.linears import fuse_projections, replace_linears
 from specbench.models.loading import LoadedModel
@@ -59,6 +59,11 @@ def check_weights(weights: str, group_size: int = 32, where: str = "model.weight
         if problem := openvino.group_error(group_size):
             raise SpecbenchError(f"model.group_size={group_size!r} is invalid for int4 weights on "
                                  f"model.backend=openvino: {problem}")
+    elif backend == "onnxruntime":
+        if group_size not in onnxruntime.INT4_GROUPS or isinstance(group_size, bool):
+            raise SpecbenchError(f"model.group_size={group_size!r} is invalid for int4 weights on "
+                                 f"model.backend=onnxruntime: give one of "
+                                 f"{', '.join(map(str, onnxruntime.INT4_GROUPS))} (the blocks MatMulNBits takes)")
     elif isinstance(group_size, bool) or group_size not in GROUP_SIZES:
         raise SpecbenchError(f"model.group_size={group_size!r} is invalid for int4 weights: give one of "
                              f"{', '.join(map(str, GROUP_SIZES))} (the group sizes aten's CPU int4 kernel takes)")
@@ -69,6 +74,8 @@ def backend_problem(weights: str, backend: str) -> str | None:
     head = split_format(weights)[0]
     if head in openvino.OWN_FORMATS and backend != "openvino":
         return f"{head} is OpenVINO's dynamic quantisation of activations: it runs on model.backend=openvino only"
+    if backend == "onnxruntime" and head not in ("fp", "int8", "int4"):
+        return f"the onnxruntime backend runs the builder's weights (fp, int8, int4), not {head}"
     return None
 
 
@@ -105,6 +112,8 @@ def supported(weights: str, device: torch.device, backend: str = "eager") -> str
         return f"{weights} weights leave no float linear to pack: eager runs the same kernels"
     if backend == "openvino":  # NNCF compresses the float weights: what it cannot do is openvino's to say
         return openvino.unsupported(torch.float32, torch.device(device), weights)
+    if backend == "onnxruntime":  # the builder quantises the float weights: its own say
+        return onnxruntime.unsupported(torch.float32, torch.device(device), weights)
     return None
 
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from specbench.errors import SpecbenchError
-from specbench.execution.backends import BACKENDS, OPENVINO, with_backend
+from specbench.execution.backends import BACKENDS, ONNXRUNTIME, OPENVINO, OWN_GRAPH, with_backend
+from specbench.execution.onnxruntime import INT4_GROUPS, with_onnxruntime
 from specbench.execution.openvino import group_error, with_openvino
 from specbench.execution.quantize import FORMATS, GROUP_SIZES, backend_problem, format_name, split_format, with_weights
 from specbench.models.loading import DTYPES, LoadedModel, with_dtype
@@ -35,7 +36,8 @@ class Execution(NamedTuple):
         ok = len(parts) in (2, 3) and parts[0] in BACKENDS and parts[1] in DTYPES
         if ok and len(parts) == 3:
             weights, group = split_format(parts[2], group_size)
-            grouped = group in GROUP_SIZES if parts[0] != OPENVINO else group_error(group) is None  # NNCF's groups
+            groups = {OPENVINO: lambda g: group_error(g) is None, ONNXRUNTIME: INT4_GROUPS.__contains__}  # their own
+            grouped = groups.get(parts[0], GROUP_SIZES.__contains__)(group)
             ok = weights in FORMATS and grouped
         if not ok:
             raise SpecbenchError(f"eval.plain_executions entry '{text}' is invalid: give backend/dtype[/weights] with "
@@ -50,9 +52,12 @@ class Execution(NamedTuple):
 
     def apply(self, target: LoadedModel) -> LoadedModel:
         """`target` (loaded eager, any dtype) quantised to these weights, cast to this dtype, on this backend. The
-        openvino backend compresses the float weights itself (NNCF's grid, not aten's), so it is handed them."""
-        if self.backend == OPENVINO:
+        openvino and onnxruntime backends quantise the float weights themselves (NNCF's grid, the builder's), so they
+        are handed them."""
+        if self.backend in OWN_GRAPH:
             if self.dtype != "float32":
-                raise SpecbenchError(f"{self.label}: the openvino backend runs float32 activations (eval.dtype=float32)")
-            return with_openvino(target, self.weights)
+                raise SpecbenchError(f"{self.label}: the {self.backend} backend runs float32 activations "
+                                     f"(eval.dtype=float32)")
+            route = with_openvino if self.backend == OPENVINO else with_onnxruntime
+            return route(target, self.weights)
         return with_backend(with_dtype(with_weights(target, self.weights), self.dtype), self.backend)

@@ -61,6 +61,17 @@ class TokenTree:
         """A chain's tree mask is the causal mask, so verification can let the model build it."""
         return bool((self.parents == torch.arange(-1, len(self) - 1)).all())
 
+    def first_path(self) -> "TokenTree":
+        """The chain from the root through each node's first child (a best-first tree's best-ranked one), with its
+        nodes' draft distributions: what a verify that takes chains only checks of this tree."""
+        nodes, children = [0], {}
+        for i, p in enumerate(self.parents.tolist()[1:], start=1):
+            children.setdefault(p, i)
+        while nodes[-1] in children:
+            nodes.append(children[nodes[-1]])
+        probs = None if self.draft_probs is None else self.draft_probs[nodes]
+        return TokenTree(self.tokens[nodes], torch.arange(-1, len(nodes) - 1), probs)
+
     def children(self, node: int) -> list[int]:
         return (self.parents == node).nonzero().flatten().tolist()
 

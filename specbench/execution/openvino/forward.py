@@ -22,6 +22,7 @@ from transformers import DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from specbench.errors import SpecbenchError
+from specbench.execution.cache_views import causal_chain, full_mask, kept_rows, layer_tensors, view_layers
 from specbench.execution.openvino.attention import RECENT_DEPTH, window_inputs
 from specbench.execution.openvino.compile import SIZED_ROWS, StaticModels
 from specbench.execution.openvino.export import INPUTS
@@ -60,7 +61,7 @@ class CacheBuffer:
     def holds(self, cache) -> bool:
         """Whether every layer of `cache` views this buffer's leading slots (its rows lie where the IR reads)."""
         return all(t.data_ptr() == address and t.stride() == strides
-                   for t, (address, strides) in zip(_tensors(cache), self._slots))
+                   for t, (address, strides) in zip(layer_tensors(cache), self._slots))
 
 
 class CacheBuffers:
@@ -143,7 +144,7 @@ class OpenVinoForward(nn.Module):
             return self._batched(embeds, mask, position_ids, cache, output_hidden_states, logits_to_keep)
         buffer = self.buffers.holding(cache, past + n)
         if past and not buffer.holds(cache):  # a cache filled elsewhere, or outgrowing its buffer: one copy
-            for t, slot in zip(_tensors(cache), buffer.layers):
+            for t, slot in zip(layer_tensors(cache), buffer.layers):
                 slot[:, :, :past] = t
         # recent_attention gathers from a cache of at least one slot; an empty cache is read as none
         width = buffer.capacity if past or self.row_invariant else 0
@@ -165,7 +166,7 @@ class OpenVinoForward(nn.Module):
         request.infer()
         logits, hidden, new = (torch.from_numpy(request.get_output_tensor(i).data) for i in range(3))
         buffer.memory[:, :, :, past:past + n] = new[:, :, :, :n]
-        _view_layers(cache, buffer, past + n, self.layers)
+        view_layers(cache, buffer, past + n, self.layers)
         # copies of the outputs: the request reuses its buffers on the next call
         logits = _kept(logits, logits_to_keep, n) if rows else logits.clone()
         hidden = hidden[:, :, :n].clone().unbind(0) if output_hidden_states else None
@@ -183,7 +184,7 @@ class OpenVinoForward(nn.Module):
         layers_kv, kv_heads, width = self.buffers.shape
         past_port = self._view(request, PAST, (layers_kv, batch, kv_heads, padded, width))
         past_port[:, :, :, past:].zero_()  # masked out, but finite: a masked key's weight is 0, and 0 * nan is nan
-        for t, port in zip(_tensors(cache), past_port.unbind(0)):
+        for t, port in zip(layer_tensors(cache), past_port.unbind(0)):
             port[:, :, :past] = t
         values = {0: embeds, 1: padded_mask(mask, past, padded), 2: position_ids,
                   4: kept_rows(logits_to_keep, n), 5: torch.arange(n) if output_hidden_states else torch.arange(0)}
@@ -267,24 +268,6 @@ class OpenVinoForward(nn.Module):
         return known[1]
 
 
-def _view_layers(cache: DynamicCache, buffer: CacheBuffer, length: int, layers: int) -> None:
-    """`cache`'s layers made views of `buffer`'s first `length` slots (layers a DynamicCache made without a config
-    has not built yet are added, as its update would). One slice and one unbind make all the views, where a slice
-    per layer is a visible share of a one-row step (experiments/openvino_engine_speed, parity_sdopenvino)."""
-    if cache.layer_class_to_replicate is not None:
-        cache.layers.extend(cache.layer_class_to_replicate() for _ in range(layers - len(cache.layers)))
-    views = buffer.memory[:, :, :, :length].unbind(0)
-    for layer, keys, values in zip(cache.layers, views[0::2], views[1::2]):
-        if not layer.is_initialized:
-            layer.lazy_initialization(keys, values)
-        layer.keys, layer.values = keys, values
-
-
-def _tensors(cache: DynamicCache):
-    """Every layer's keys and values, in the IR's order."""
-    return (t for layer in cache.layers for t in (layer.keys, layer.values))
-
-
 def _padded_rows(embeds, mask, position_ids, rows: int):
     """The call padded to `rows` rows: zero embeddings, each seeing only itself, their outputs dropped."""
     batch, n = embeds.shape[:2]
@@ -305,22 +288,6 @@ def _kept(logits: torch.Tensor, logits_to_keep, n: int) -> torch.Tensor:
     return logits[:, n - logits_to_keep if logits_to_keep else 0:n].clone()
 
 
-def kept_rows(logits_to_keep, n: int) -> torch.Tensor:
-    """The rows whose logits a call returns, as transformers' `logits_to_keep`: the last k for an int k (0: all),
-    or the given row indices."""
-    if isinstance(logits_to_keep, torch.Tensor):
-        return logits_to_keep.to(torch.long).reshape(-1)
-    return torch.arange(n - logits_to_keep if logits_to_keep else 0, n)
-
-
-def causal_chain(mask: torch.Tensor, position_ids: torch.Tensor, past: int) -> bool:
-    """Whether a call is one sequence's next rows in order, each seeing the cache and the rows before it (a prefill,
-    a chain), which can be cut into consecutive pieces or run by any causal forward."""
-    batch, _, n, _ = mask.shape
-    return (batch == 1 and torch.equal(position_ids, torch.arange(past, past + n)[None])
-            and torch.equal(mask, full_mask(None, 1, n, past)))
-
-
 def padded_mask(mask: torch.Tensor, past: int, padded: int) -> torch.Tensor:
     """`mask` (batch, 1, n, past + n) with padded - past masked-out keys between the cached ones and the new rows:
     the columns of a cache of `padded` slots, its first `past` the cache's rows."""
@@ -331,12 +298,3 @@ def padded_mask(mask: torch.Tensor, past: int, padded: int) -> torch.Tensor:
     out[..., :past] = mask[..., :past]
     out[..., padded:] = mask[..., past:]
     return out
-
-
-def full_mask(mask: torch.Tensor | None, batch: int, n: int, past: int) -> torch.Tensor:
-    """The 4D boolean mask the IR takes: a 4D mask as given, else causal over the new rows, with a 2D padding mask
-    (batch, past + n) applied to the keys when given."""
-    if mask is not None and mask.dim() == 4:
-        return mask.to(torch.bool)
-    causal = torch.ones(n, past + n, dtype=torch.bool).tril(past)[None, None].expand(batch, 1, n, past + n)
-    return causal if mask is None else causal & mask.to(torch.bool)[:, None, None, :]

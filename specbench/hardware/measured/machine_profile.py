@@ -30,7 +30,7 @@ from specbench.hardware.measured.peaks import checked_peaks, default_dtypes, mea
 from specbench.hardware.measured.profiler import latency_profile
 from specbench.hardware.measured.row_invariance import RowInvariance, check_rows
 from specbench.execution.attention import attention_tag
-from specbench.execution.backends import BACKENDS, OPENVINO, supported, with_backend
+from specbench.execution.backends import BACKENDS, OWN_GRAPH, supported, with_backend
 from specbench.execution.value import Execution
 from specbench.models.loading import LoadedModel, torch_dtype, with_dtype
 from specbench.execution.quantize import with_weights
@@ -293,14 +293,14 @@ def _measure_profile(target: LoadedModel, path: Path, dtypes, sizes, contexts, r
             for backend in [b for w, d, b in todo if (w, d) == (fmt, name)]:
                 label = Execution(backend, name, fmt).label
                 unsupported.pop(label, None)
-                why = ((reason if backend != OPENVINO else None)  # openvino compresses them itself: its own say
+                why = ((reason if backend not in OWN_GRAPH else None)  # these quantise them themselves: their say
                        or supported(backend, torch_dtype(name), device) or weights_supported(fmt, device, backend))
                 if why:
                     unsupported[label] = why
                     print(f"  {label}: not measured: {why}")
                     continue
-                # openvino compresses the float weights itself (Execution.apply hands it them)
-                run = Execution(backend, name, fmt).apply(target) if backend == OPENVINO else with_backend(cast, backend)
+                # openvino and onnxruntime quantise the float weights themselves (Execution.apply hands them them)
+                run = Execution(backend, name, fmt).apply(target) if backend in OWN_GRAPH else with_backend(cast, backend)
                 if Execution(backend, name, fmt) in to_time:
                     why = _dominated(run.model, fmt, frames, sizes, contexts[0], dtypes)
                     if why:

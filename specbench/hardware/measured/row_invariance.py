@@ -76,7 +76,9 @@ def verdict(max_abs_diff: float, logit_scale: float, dtype: torch.dtype) -> str:
 def check_rows(model, dtype: torch.dtype, vocab: int, contexts=CONTEXTS, chains=CHAINS,
                tree_parents=TREE_PARENTS, seed: int = 0) -> RowInvariance:
     """Run the check on `model` (a target as the run executes it: its backend, dtype and weights) with random
-    tokens below `vocab`: every row of each chain and of the tree against plain decoding of its path."""
+    tokens below `vocab`: every row of each chain and of the tree against plain decoding of its path. A target the
+    Decoder verifies chains on only (`chains_only`: OnnxRuntimeForward's int8 activations) is checked on what it
+    verifies: the tree's first path."""
     generator = torch.Generator().manual_seed(seed)
     worst, scale, rows = 0.0, 0.0, 0
     parents = torch.tensor(tree_parents)
@@ -84,7 +86,8 @@ def check_rows(model, dtype: torch.dtype, vocab: int, contexts=CONTEXTS, chains=
         prompt = torch.randint(vocab, (context,), generator=generator).tolist()
         tokens = torch.randint(vocab, (max([*chains, len(parents)]),), generator=generator)
         checks = [TokenTree.chain(int(tokens[0]), tokens[1:k].tolist()) for k in chains]
-        checks.append(TokenTree(tokens[: len(parents)], parents))
+        tree = TokenTree(tokens[: len(parents)], parents)
+        checks.append(tree.first_path() if getattr(model, "chains_only", False) else tree)
         cache = new_cache(model)  # the prompt, prefilled as the decoder prefills it (one call)
         model(input_ids=torch.tensor([prompt], device=model.device), past_key_values=cache, use_cache=True)
         plain = {}  # path of tokens -> its last row's logits under plain decoding

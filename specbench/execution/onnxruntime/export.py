@@ -1,0 +1,135 @@
+"""The target built for ONNX Runtime by ONNX Runtime GenAI's own model builder (onnxruntime_genai.models.builder), once
+per machine: the generator's model (`model.onnx`, what the engine decodes with) and the same graph with two more inputs
+for a verify (`verify.onnx`): `position_ids`, a tree node's position, and `attention_bias`, the additive mask that
+keeps a node from its non-ancestors, both read by the builder's GroupQueryAttention nodes, which take them as optional
+inputs; and `logits_rows`, the rows the LM head projects (a prompt's last ones, not all of them). The two files share
+one weights file.
+
+On a CPU the builder's int4 and int8 models multiply by int8 activations (MatMulNBits at accuracy level 4) and attend
+with GroupQueryAttention over a cache held in place. Cached under cache_root()/onnxruntime, keyed by the model's
+source, the weight format and the versions that shape it, and written whole (a temporary folder, renamed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import io
+import logging
+import re
+import tempfile
+from pathlib import Path
+
+from specbench.errors import SpecbenchError
+from specbench.execution.openvino import interrupt_after, quiet_transformers, save_whole, usable
+from specbench.models.loading import LoadedModel, cache_root, with_dtype
+
+# the builder's precisions a CPU runs: int4 in groups (int4_g<group>, its int4_block_size), int8, fp32
+FORMATS = ("fp32", "int8", "int4")
+INT4_GROUPS = (16, 32, 64, 128, 256)  # the block sizes MatMulNBits takes
+WHAT = "ONNX Runtime GenAI model"
+LAYOUT = "verify_v2"  # what add_verify_inputs writes; part of the cache key, so a changed layout is built again
+
+
+class BuildFailed(Exception):
+    """The builder cannot build this model (an architecture it does not know): the caller says so in one line."""
+
+
+def check_format(weights: str, key: str) -> None:
+    """One error line for weights the builder cannot write: fp32, int8 or int4_g<group> (group 16 to 256)."""
+    head, _, group = str(weights).partition("_g")
+    if head in ("fp32", "int8") and not group:
+        return
+    if head == "int4" and group.isdigit() and int(group) in INT4_GROUPS:
+        return
+    raise SpecbenchError(f"{key}={weights!r} is invalid: give fp32, int8 or int4_g<group> with a group of "
+                         f"{', '.join(map(str, INT4_GROUPS))} (e.g. int4_g32)")
+
+
+def model_folder(loaded: LoadedModel, weights: str) -> Path:
+    """Where the builder's model of `loaded` in `weights` is cached: keyed by the model's source and config, two of
+    its weights, and the onnxruntime-genai and transformers versions."""
+    import onnxruntime_genai as og
+    import transformers
+
+    params = list(loaded.model.parameters())
+    first, last = (p.detach().float().sum().item() for p in (params[0], params[-1]))
+    identity = f"{loaded.source}:{loaded.model.config.to_json_string()}:{first}:{last}"
+    versions = f"{og.__version__}:{transformers.__version__}:{LAYOUT}"
+    key = hashlib.sha1(f"{identity}:{versions}".encode()).hexdigest()[:10]
+    return cache_root() / "onnxruntime" / f"{loaded.name}-{key}-{weights}"
+
+
+def export(loaded: LoadedModel, weights: str) -> Path:
+    """The folder of `loaded`'s model (its float weights) in `weights`: model.onnx, verify.onnx, their weights, the
+    tokenizer and genai_config.json; cached, built once (and again when the cached one is unusable)."""
+    folder = model_folder(loaded, weights)
+    if usable(folder, WHAT):
+        return folder
+    print(f"notice: building {loaded.name} for ONNX Runtime ({weights}) once, into {folder}")
+    from onnxruntime_genai.models.builder import create_model, parse_extra_options
+
+    fp32 = with_dtype(loaded, "float32")
+    head, _, group = weights.partition("_g")
+
+    def save(tmp: Path) -> None:
+        with tempfile.TemporaryDirectory() as scratch:
+            source = Path(scratch) / "model"
+            fp32.model.save_pretrained(source)
+            fp32.tokenizer.save_pretrained(source)
+            where = (str(source), str(tmp), head, "cpu", str(Path(scratch) / "cache"))
+            options = [f"int4_block_size={group}"] if group else []
+            # the builder prints a progress line per tensor and its quantiser logs one per layer; a failure raises
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
+                    quiet_transformers(), _quiet("onnxruntime"), interrupt_after("the model builder"):
+                create_model(None, *where, **parse_extra_options(None, *where, options))
+        add_verify_inputs(tmp / "model.onnx", tmp / "verify.onnx")
+
+    try:
+        save_whole(folder, save)
+    except (ValueError, NotImplementedError, KeyError) as exc:
+        why = re.sub(r"\s+", " ", str(exc))[:200]
+        raise BuildFailed(f"the ONNX Runtime GenAI builder cannot build {loaded.name}: {why}") from None
+    return folder
+
+
+def add_verify_inputs(source: Path, out: Path) -> None:
+    """`source`'s graph with `position_ids` (batch, rows) and `attention_bias` (1, 1, rows, cache + rows) as graph
+    inputs, fed to every GroupQueryAttention node's optional inputs of those names (its 10th and 11th), and
+    `logits_rows` (k,), the rows gathered before the node that writes the logits, written to `out` beside it on the
+    same weights file."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    graph = onnx.load(str(source), load_external_data=False)
+    attentions = [n for n in graph.graph.node if n.op_type == "GroupQueryAttention"]
+    if not attentions:
+        raise BuildFailed(f"the builder's graph {source} has no GroupQueryAttention node to verify trees with")
+    graph.graph.input.extend([
+        helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
+        helper.make_tensor_value_info("attention_bias", TensorProto.FLOAT,
+                                      [1, 1, "sequence_length", "total_sequence_length"])])
+    for node in attentions:
+        node.input.extend([""] * (11 - len(node.input)))
+        node.input[9], node.input[10] = "position_ids", "attention_bias"
+    head = next((n for n in graph.graph.node if "logits" in n.output), None)
+    if head is None:
+        raise BuildFailed(f"the builder's graph {source} has no node writing `logits`")
+    graph.graph.input.append(helper.make_tensor_value_info("logits_rows", TensorProto.INT64, ["kept_rows"]))
+    kept = "specbench/logits_rows/output_0"
+    graph.graph.node.insert(list(graph.graph.node).index(head),
+                            helper.make_node("Gather", [head.input[0], "logits_rows"], [kept], axis=1))
+    head.input[0] = kept
+    onnx.save(graph, str(out))
+
+
+@contextlib.contextmanager
+def _quiet(name: str):
+    """Logger `name` held at warnings: the builder's quantiser logs every layer it visits at info."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

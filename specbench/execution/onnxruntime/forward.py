@@ -1,0 +1,161 @@
+"""The runtime adapter: a causal LM's forward as the methods call it, run by ONNX Runtime on the builder's verify graph
+(export.py), batch 1.
+
+Every cache the adapter runs owns a buffer whose memory is each GroupQueryAttention node's past and present at once
+(ONNX Runtime's shared-buffer mode, as ONNX Runtime GenAI runs it): a call writes its rows' keys and values behind the
+cached ones in place and the cache's layers grow by views of them, so nothing is copied per call. The capacity steps
+by CACHE_STEP tokens, one copy of the rows moving the cache into a larger buffer. verification's commit_path and crop
+work on these views as on any tensor.
+
+Why every call runs at least two rows: MatMulNBits multiplies one row by another kernel than several, and with int8
+activations the two disagree by tenths of a logit, where a row of a call of two or more rows is bitwise the same
+whatever the other rows (experiments/onnxruntime_verify). So plain decoding pads its one row with a second, which a
+verify's rows then match bit for bit along a chain.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+import torch
+from torch import nn
+from transformers import DynamicCache
+from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from specbench.errors import SpecbenchError
+from specbench.execution.cache_views import full_mask, kept_rows, layer_tensors, view_layers
+from specbench.models.shape import head_dim
+
+MIN_ROWS = 2
+CACHE_STEP = 256  # a buffer's capacity is a multiple of this many tokens
+NEGATIVE = float(torch.finfo(torch.float32).min)  # a masked key's bias: its weight is an exact 0
+
+
+class CacheBuffer:
+    """One cache's keys and values in memory ONNX Runtime reads and writes in place: (2 x layers, 1, kv heads,
+    capacity, head dim), the cache's rows first; with an IO binding that holds every layer's past and present on it."""
+
+    def __init__(self, session, shape: tuple[int, int, int], capacity: int) -> None:
+        import onnxruntime as ort
+
+        layers_kv, kv_heads, width = shape
+        self.capacity = capacity
+        self.memory = torch.zeros(layers_kv, 1, kv_heads, capacity, width)
+        self.binding = session.io_binding()
+        self._values = [ort.OrtValue.ortvalue_from_numpy(t.numpy()) for t in self.memory.unbind(0)]
+        for i, value in enumerate(self._values):
+            name = f"{i // 2}.{'key' if i % 2 == 0 else 'value'}"
+            self.binding.bind_ortvalue_input(f"past_key_values.{name}", value)
+            self.binding.bind_ortvalue_output(f"present.{name}", value)
+        self._slots = [(t.data_ptr(), t.stride()) for t in self.memory.unbind(0)]
+
+    def holds(self, cache) -> bool:
+        """Whether every layer of `cache` views this buffer's leading slots."""
+        return all(t.data_ptr() == address and t.stride() == strides
+                   for t, (address, strides) in zip(layer_tensors(cache), self._slots))
+
+
+class OnnxRuntimeForward(nn.Module):
+    """A causal LM's forward as the methods call it (input ids, a 4D or 2D mask or none, positions, a DynamicCache,
+    logits_to_keep), run by an ONNX Runtime session of the verify graph. The embedding stays a PyTorch module for
+    `get_input_embeddings` and the memory accounting; the graph embeds the ids itself. No hidden states: the graph
+    returns logits only."""
+
+    def __init__(self, model: nn.Module, path: str, threads: int, chains_only: bool) -> None:
+        super().__init__()
+        import onnxruntime as ort
+
+        # int8 activations turn a tree row's float rounding (its attention sums its keys in other lanes when a sibling
+        # sits between them) into tenths of a logit; a chain's rows are bitwise its plain decoding's
+        # (experiments/onnxruntime_verify), so the Decoder verifies a draft's first path only
+        self.chains_only = chains_only
+        # ONNX Runtime's pool spins between calls (its default, as its own engine runs): a torch op of two threads
+        # between two calls waits for the core a spinner holds, which made a plain step 1.6x as long; spinning off made
+        # each call 1.1 ms longer. So the Decoder runs torch's small ops on one thread around this forward
+        # (experiments/onnxruntime_verify)
+        self.torch_threads = 1
+        options = ort.SessionOptions()
+        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+        self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        self.embed = model.get_input_embeddings()
+        self.config, self.generation_config = model.config, model.generation_config
+        self.layers = model.config.num_hidden_layers
+        self.vocab = model.config.vocab_size
+        self.shape = (2 * self.layers, model.config.num_key_value_heads, head_dim(model.config))
+        self._buffers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.float32
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.embed
+
+    def padded_rows(self, n: int) -> int:
+        """The rows a call of n rows computes (at least MIN_ROWS): the cost curve reads L at these."""
+        return max(n, MIN_ROWS)
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                inputs_embeds=None, use_cache=True, output_hidden_states=False, logits_to_keep=0, **_):
+        if input_ids is None or output_hidden_states:
+            raise SpecbenchError("model.backend=onnxruntime runs the builder's graph, which takes token ids and "
+                                 "returns logits only: a method that feeds embeddings or reads hidden states (EAGLE, "
+                                 "Medusa, PPD, the EAGLE hybrid) runs on another backend")
+        batch, n = input_ids.shape
+        if batch != 1:
+            raise SpecbenchError(f"model.backend=onnxruntime decodes one sequence at a time; eval.batch_size={batch} "
+                                 f"runs on another backend")
+        cache = past_key_values if past_key_values is not None else DynamicCache(config=self.config)
+        past = cache.get_seq_length()
+        if position_ids is None:
+            position_ids = torch.arange(past, past + n)[None]
+        mask = full_mask(attention_mask, 1, n, past)[0, 0]
+        rows = self.padded_rows(n)
+        ids, positions = input_ids.to(torch.long), position_ids.to(torch.long)
+        if rows > n:  # a pad row: the last row again one position on, seeing every row; its outputs are dropped
+            ids = torch.cat([ids, ids[:, -1:].expand(1, rows - n)], 1)
+            positions = torch.cat([positions, positions[:, -1:] + torch.arange(1, rows - n + 1)[None]], 1)
+            mask = torch.cat([torch.cat([mask, mask.new_zeros(n, rows - n)], 1),
+                              mask.new_ones(rows - n, past + rows)], 0)
+        buffer = self._buffer(cache, past, past + rows)
+        bias = torch.zeros(1, 1, rows, past + rows)
+        bias[0, 0].masked_fill_(~mask, NEGATIVE)
+        keep = kept_rows(logits_to_keep, n)
+        projected = _projected(keep, rows)
+        logits = torch.empty(1, len(projected), self.vocab)
+        binding = buffer.binding
+        inputs = {"input_ids": ids, "position_ids": positions, "attention_bias": bias, "logits_rows": projected,
+                  "attention_mask": torch.ones(1, past + rows, dtype=torch.long)}
+        arrays = {name: np.ascontiguousarray(value.numpy()) for name, value in inputs.items()}  # alive through the run
+        for name, array in arrays.items():
+            binding.bind_cpu_input(name, array)
+        binding.bind_output("logits", "cpu", 0, np.float32, tuple(logits.shape), logits.data_ptr())
+        self.session.run_with_iobinding(binding)
+        view_layers(cache, buffer, past + n, self.layers)
+        return CausalLMOutputWithPast(logits=logits[:, :len(keep)], past_key_values=cache)
+
+    def _buffer(self, cache, past: int, tokens: int) -> CacheBuffer:
+        """`cache`'s buffer with room for `tokens`, its rows in place: a new one (the next multiple of CACHE_STEP)
+        when it has none or less, or when the cache was filled elsewhere, the cache's rows copied in once."""
+        buffer = self._buffers.get(cache)
+        if buffer is None or buffer.capacity < tokens:
+            buffer = self._buffers[cache] = CacheBuffer(self.session, self.shape,
+                                                        -(-tokens // CACHE_STEP) * CACHE_STEP)
+        if past and not buffer.holds(cache):
+            for t, slot in zip(layer_tensors(cache), buffer.memory.unbind(0)):
+                slot[:, :, :past] = t
+        return buffer
+
+
+def _projected(keep: torch.Tensor, rows: int) -> torch.Tensor:
+    """The rows the LM head projects: the kept ones first, then others of the call up to MIN_ROWS, so the head too
+    multiplies at least two rows (a prompt's last row alone would take the one-row kernel)."""
+    if len(keep) >= MIN_ROWS:
+        return keep
+    others = [r for r in range(rows - 1, -1, -1) if r not in set(keep.tolist())]
+    return torch.cat([keep, torch.tensor(others[:MIN_ROWS - len(keep)], dtype=torch.long)])

@@ -1,0 +1,84 @@
+"""The onnxruntime backend: the builder's graph of the tiny target run with every call at least two rows, a draft
+tree cut to its first path where int8 activations make a tree's rows differ, and its settings refused in one line
+before any model loads. Whether this CPU's MatMulNBits keeps a chain's rows bitwise is measured by the machine's row
+check, never asserted: where it does not, the lossless test says so and skips."""
+
+import importlib.util
+
+import pytest
+import torch
+
+from specbench.acceptance import ExactAcceptance
+from specbench.decoding import Decoder
+from specbench.drafters.plain import PlainDrafter
+from specbench.drafters.pld import PromptLookupDrafter
+from specbench.errors import SpecbenchError
+from specbench.hardware.measured.row_invariance import BITWISE, check_rows
+from specbench.sampling import SamplingParams
+from specbench.trees.native import NativePolicy
+from specbench.trees.token_tree import TokenTree
+
+NO_ONNXRUNTIME = any(importlib.util.find_spec(m) is None for m in ("onnxruntime", "onnxruntime_genai", "onnx_ir"))
+needs_onnxruntime = pytest.mark.skipif(NO_ONNXRUNTIME, reason="onnxruntime-genai is not installed")
+
+
+def test_a_trees_first_path_follows_each_nodes_first_child_with_its_draft_probabilities():
+    tree = TokenTree(torch.tensor([5, 7, 9, 11, 13, 15]), torch.tensor([-1, 0, 0, 2, 1, 4]),
+                     torch.arange(6.0)[:, None].expand(6, 3))
+    chain = tree.first_path()  # 5 -> 7 (the root's first child) -> 13 -> 15
+    assert chain.tokens.tolist() == [5, 7, 13, 15] and chain.is_chain
+    assert chain.draft_probs[:, 0].tolist() == [0.0, 1.0, 4.0, 5.0]
+    assert TokenTree.chain(3, []).first_path().tokens.tolist() == [3]
+
+
+@needs_onnxruntime
+@pytest.mark.slow
+def test_the_int4_route_decodes_chains_as_its_plain_decoding_where_this_cpu_keeps_their_rows(tiny, tmp_path,
+                                                                                           monkeypatch):
+    """int4_g32 (int8 activations): every call runs two rows or more, trees are cut to their first path, and where
+    the machine's row check finds the chains' rows bitwise, greedy speculation returns the route's plain decoding."""
+    from specbench.execution.value import Execution
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    run = Execution("onnxruntime", "float32", "int4_g32").apply(tiny)
+    model = run.model
+    assert model.chains_only and model.padded_rows(1) == 2 and model.padded_rows(5) == 5
+    with torch.inference_mode():
+        rows = check_rows(model, torch.float32, tiny.model.config.vocab_size)
+    if rows.verdict != BITWISE:
+        pytest.skip(f"this CPU's int8 kernels do not keep a chain's rows: {rows.describe()}")
+    accepted = 0
+    for text in ["the cat sat on the mat and the cat sat on the hat", "abc abc abc abd abc", "hello world " * 6]:
+        prompt = tiny.tokenizer(text)["input_ids"]
+        plain, pld = (Decoder(model, drafter, ExactAcceptance(), SamplingParams(), 32, tiny.eos_token_ids,
+                              max_context=tiny.max_context).generate(prompt)
+                      for drafter in (PlainDrafter(), PromptLookupDrafter(run, NativePolicy(8))))
+        assert pld.tokens == plain.tokens
+        assert all(s.tree_size == s.tree_depth + 1 for s in pld.steps)  # every verify a chain
+        accepted += sum(s.accepted for s in pld.steps)
+    assert accepted > 0
+    before = torch.get_num_threads()
+    Decoder(model, PlainDrafter(), ExactAcceptance(), SamplingParams(), 4, tiny.eos_token_ids).generate([5, 6, 7])
+    assert torch.get_num_threads() == before  # one torch thread inside the decode, the process's own after
+
+
+@needs_onnxruntime
+@pytest.mark.parametrize("override, message", [
+    ("eval.dtype=bfloat16", "model.backend=onnxruntime with eval.dtype=bfloat16: it runs float32 activations"),
+    ("model.weights=w8a8", "model.weights=w8a8 with model.backend=onnxruntime: the onnxruntime backend runs the "
+                           r"builder's weights \(fp, int8, int4\), not w8a8"),
+    ("model.weights=int4 model.group_size=48", "^model.group_size=48 is invalid for int4 weights on "
+                                               "model.backend=onnxruntime: give one of 16, 32, 64, 128, 256"),
+    ("eval.batch_size=2", "model.backend=onnxruntime with eval.batch_size=2: it decodes one prompt at a time"),
+])
+def test_onnxruntime_settings_it_cannot_run_are_one_line_before_the_model_loads(override, message, tmp_path,
+                                                                                monkeypatch):
+    from specbench.tasks import dispatch
+    from specbench.tasks import eval as eval_task
+    from tests.conftest import compose_cfg
+
+    monkeypatch.setattr(eval_task, "setup_target", lambda *a, **k: pytest.fail("the model was loaded"))
+    cfg = compose_cfg(["model=tiny_random", "model.backend=onnxruntime", "eval.dtype=float32", *override.split()],
+                      tmp_path / "run")
+    with pytest.raises(SpecbenchError, match=message):
+        dispatch(cfg)
