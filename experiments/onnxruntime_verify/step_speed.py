@@ -1,0 +1,208 @@
+"""The onnxruntime route's verify beside the engines' one-row step on this machine, side by side in one process,
+interleaved; and what its rows compute against plain decoding's.
+
+For each context (one random prompt of that many tokens for every side): the onnxruntime route's verify of a chain of
+n rows, L(n) for n = 1, 2, 3, 4, 8, 16 (n = 1 pads to two rows: forward.py says why), and the openvino int8 route's
+(the previous verify target) at 1, 2 and 4 rows, each on the prompt's cache and then cropped back as a rejected draft
+leaves it; and the one-row step of ONNX Runtime GenAI (the builder's model of the same weights, its own loop),
+OpenVINO GenAI (an int8 IR) and llama.cpp (the GGUF as shipped). The median of every side, with its ratio to the
+fastest engine's step. Then the route's rows: the machine's row check on its chains, and how far a one-row call
+(unpadded) is from the same row in a call of two.
+
+    python experiments/onnxruntime_verify/step_speed.py [--contexts 128 512 1024 2048] [--rounds 3] [--steps 16]
+        [--out experiments/onnxruntime_verify/steps.csv]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import statistics
+import time
+from pathlib import Path
+
+import specbench  # noqa: F401  before torch: it shortens OpenMP's spin (specbench/openmp.py)
+import numpy as np
+import pandas as pd
+import torch
+from hydra import compose, initialize_config_dir
+from transformers import DynamicCache
+
+from specbench.config import CONF_DIR
+from specbench.execution.value import Execution
+from specbench.hardware.measured.row_invariance import check_rows
+from specbench.models.loading import load_model, resolve_path
+from specbench.trees.token_tree import TokenTree
+from specbench.verification import verify_tree
+
+ROUTES = {"onnxruntime int4_g32": (("onnxruntime", "int4_g32"), (1, 2, 3, 4, 8, 16)),
+          "openvino int8": (("openvino", "int8"), (1, 2, 4))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--contexts", type=int, nargs="+", default=[128, 512, 1024, 2048])
+    parser.add_argument("--model", default="smollm2_135m")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=16, help="steps timed per side and round")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    threads = torch.get_num_threads()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"model={args.model}"])
+    loaded = load_model(cfg.model.name, cfg.model.path, dtype="float32")
+    sides = {name: Route(loaded, *execution, rows) for name, (execution, rows) in ROUTES.items()}
+    sides |= {"onnxruntime genai": OrtGenAI(loaded, threads), "openvino genai": OvGenAI(loaded, threads),
+              "llama.cpp": LlamaCpp(cfg.model.path, max(args.contexts) + args.steps + 32, threads)}
+    generator = torch.Generator().manual_seed(0)
+    records = []
+    for context in args.contexts:
+        prompt = torch.randint(100, loaded.model.config.vocab_size - 100, (context,), generator=generator).tolist()
+        steps = collections.defaultdict(list)
+        for side in sides.values():
+            side.run(prompt[:64], 2)  # warm: each side's sessions and caches allocated once
+        for _ in range(args.rounds):
+            for name, side in sides.items():
+                for rows, times in side.run(prompt, args.steps).items():
+                    steps[(name, rows)] += times
+        for (name, rows), times in sorted(steps.items()):
+            records.append({"context": context, "side": name, "rows": rows, "ms": statistics.median(times)})
+        table = pd.DataFrame([r for r in records if r["context"] == context]).set_index(["side", "rows"])
+        fastest = min(table.loc[(engine, 1), "ms"] for engine in ("onnxruntime genai", "openvino genai", "llama.cpp"))
+        table["/ fastest engine step"] = (table["ms"] / fastest).round(2)
+        print(f"\ncontext {context} ({threads} threads), ms (median of {args.rounds} x {args.steps}):")
+        print(table.round(2).to_string())
+    rows_of(sides["onnxruntime int4_g32"].model, loaded)
+    if args.out:
+        pd.DataFrame(records).to_csv(args.out, index=False)
+        print(f"\nwritten: {args.out}")
+
+
+class Route:
+    """A verify route (model.backend, model.weights) as the Decoder runs it."""
+
+    def __init__(self, loaded, backend: str, weights: str, rows: tuple[int, ...]) -> None:
+        self.model, self.rows = Execution(backend, "float32", weights).apply(loaded).model, rows
+        self.threads = getattr(self.model, "torch_threads", None) or torch.get_num_threads()
+
+    @torch.inference_mode()
+    def run(self, prompt: list[int], steps: int) -> dict:
+        before = torch.get_num_threads()
+        torch.set_num_threads(self.threads)  # as the Decoder runs it (decoding.Decoder.generate)
+        try:
+            cache = DynamicCache(config=self.model.config)
+            self.model(input_ids=torch.tensor([prompt]), past_key_values=cache, logits_to_keep=1)
+            got = {}
+            for rows in self.rows:
+                chain, times = TokenTree.chain(prompt[0], prompt[1:rows]), []
+                for _ in range(steps):
+                    start = time.perf_counter()
+                    verify_tree(self.model, cache, chain)
+                    times.append((time.perf_counter() - start) * 1000)
+                    cache.crop(-rows)
+                got[rows] = times
+            return got
+        finally:
+            torch.set_num_threads(before)
+
+
+class OrtGenAI:
+    """ONNX Runtime GenAI's generator on the builder's int4_g32 model (the project's `onnxruntime` engine)."""
+
+    def __init__(self, loaded, threads: int) -> None:
+        import onnxruntime_genai as og
+
+        from specbench.execution.onnxruntime import export
+
+        config = og.Config(str(export(loaded, "int4_g32")))
+        config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}))
+        self.og, self.model = og, og.Model(config)
+
+    def run(self, prompt: list[int], steps: int) -> dict:
+        params = self.og.GeneratorParams(self.model)
+        params.set_search_options(do_sample=False, max_length=len(prompt) + steps + 1)
+        generator = self.og.Generator(self.model, params)
+        generator.append_tokens(prompt)
+        generator.generate_next_token()  # the prompt's forward
+        times = []
+        for _ in range(steps):
+            start = time.perf_counter()
+            generator.generate_next_token()
+            times.append((time.perf_counter() - start) * 1000)
+        return {1: times}
+
+
+class OvGenAI:
+    """OpenVINO GenAI's LLMPipeline on an int8 IR of the same float weights (the project's `openvino` engine)."""
+
+    def __init__(self, loaded, threads: int) -> None:
+        import openvino_genai as og
+
+        from specbench.engines.openvino import export
+
+        self.og = og
+        self.pipe = og.LLMPipeline(str(export(loaded, "int8")), "CPU", INFERENCE_NUM_THREADS=threads,
+                                   PERFORMANCE_HINT="LATENCY")
+
+    def run(self, prompt: list[int], steps: int) -> dict:
+        import openvino as ov
+
+        og, stamps = self.og, []
+
+        class Stamps(og.StreamerBase):
+            def write(self, token):
+                stamps.append(time.perf_counter())
+                return og.StreamingStatus.RUNNING
+
+            def end(self):
+                pass
+
+        config = og.GenerationConfig()
+        config.max_new_tokens, config.do_sample, config.ignore_eos = steps + 1, False, True
+        ids = np.asarray([prompt], dtype=np.int64)
+        self.pipe.generate(og.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids))), config, Stamps())
+        return {1: list(np.diff(stamps) * 1000)}
+
+
+class LlamaCpp:
+    """llama-cpp-python on the model's GGUF as shipped, one eval of one token a step."""
+
+    def __init__(self, path: str, n_ctx: int, threads: int) -> None:
+        import llama_cpp
+
+        self.llm = llama_cpp.Llama(model_path=str(resolve_path(path)), n_ctx=n_ctx, n_threads=threads,
+                                   n_threads_batch=threads, n_batch=512, verbose=False)
+
+    def run(self, prompt: list[int], steps: int) -> dict:
+        self.llm.reset()
+        self.llm.eval(prompt)
+        times = []
+        for token in prompt[:steps]:
+            start = time.perf_counter()
+            self.llm.eval([token])
+            times.append((time.perf_counter() - start) * 1000)
+        return {1: times}
+
+
+@torch.inference_mode()
+def rows_of(model, loaded) -> None:
+    """The route's rows against plain decoding's: the machine's row check on chains (what the Decoder verifies
+    there), and one row called alone (unpadded) against the same row padded to two."""
+    check = check_rows(model, torch.float32, loaded.model.config.vocab_size)
+    print(f"\nrow check (chains, as the Decoder verifies on this route): {check.verdict}: {check.describe()}")
+    prompt, token = torch.arange(100, 164)[None], torch.tensor([[500]])
+    padded = model.padded_rows
+    outs = []
+    for rows in (lambda n: max(n, 2), lambda n: n):
+        model.padded_rows = rows
+        cache = DynamicCache(config=model.config)
+        model(input_ids=prompt, past_key_values=cache)
+        outs.append(model(input_ids=token, past_key_values=cache).logits[0, -1])
+    model.padded_rows = padded
+    print(f"one row alone against the same row padded to two: logits up to {float((outs[0] - outs[1]).abs().max()):.3g} "
+          f"apart (logits up to {float(outs[0].abs().max()):.3g})")
+
+
+if __name__ == "__main__":
+    main()
