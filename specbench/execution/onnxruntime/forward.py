@@ -114,17 +114,19 @@ class OnnxRuntimeForward(nn.Module):
         past = cache.get_seq_length()
         if position_ids is None:
             position_ids = torch.arange(past, past + n)[None]
-        mask = full_mask(attention_mask, 1, n, past)[0, 0]
         rows = self.padded_rows(n)
         ids, positions = input_ids.to(torch.long), position_ids.to(torch.long)
         if rows > n:  # a pad row: the last row again one position on, seeing every row; its outputs are dropped
             ids = torch.cat([ids, ids[:, -1:].expand(1, rows - n)], 1)
             positions = torch.cat([positions, positions[:, -1:] + torch.arange(1, rows - n + 1)[None]], 1)
-            mask = torch.cat([torch.cat([mask, mask.new_zeros(n, rows - n)], 1),
-                              mask.new_ones(rows - n, past + rows)], 0)
         buffer = self._buffer(cache, past, past + rows)
+        # a chain's mask (none given) is GroupQueryAttention's own causal one; a tree's keeps each row from the rows
+        # that are not its ancestors
         bias = torch.zeros(1, 1, rows, past + rows)
-        bias[0, 0].masked_fill_(~mask, NEGATIVE)
+        if attention_mask is not None:
+            mask = full_mask(attention_mask, 1, n, past)[0, 0]
+            mask = torch.cat([torch.cat([mask, mask.new_zeros(n, rows - n)], 1), mask.new_ones(rows - n, past + rows)])
+            bias[0, 0].masked_fill_(~mask, NEGATIVE)
         keep = kept_rows(logits_to_keep, n)
         projected = _projected(keep, rows)
         logits = torch.empty(1, len(projected), self.vocab)
