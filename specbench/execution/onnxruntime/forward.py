@@ -82,6 +82,7 @@ class OnnxRuntimeForward(nn.Module):
         self.config, self.generation_config = model.config, model.generation_config
         self.layers = model.config.num_hidden_layers
         self.vocab = model.config.vocab_size
+        self.positions = model.config.max_position_embeddings
         self.shape = (2 * self.layers, model.config.num_key_value_heads, head_dim(model.config))
         self._buffers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -115,6 +116,10 @@ class OnnxRuntimeForward(nn.Module):
         if position_ids is None:
             position_ids = torch.arange(past, past + n)[None]
         rows = self.padded_rows(n)
+        if past + rows > self.positions:
+            raise SpecbenchError(f"model.backend=onnxruntime: a call reaching {past + rows} tokens is past the model's "
+                                 f"{self.positions} positions, where the builder's rotary tables end; keep prompts, "
+                                 f"answers and eval.profile_contexts within them")
         ids, positions = input_ids.to(torch.long), position_ids.to(torch.long)
         if rows > n:  # a pad row: the last row again one position on, seeing every row; its outputs are dropped
             ids = torch.cat([ids, ids[:, -1:].expand(1, rows - n)], 1)
