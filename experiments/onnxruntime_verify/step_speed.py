@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import argparse
 import collections
+import importlib.util
 import json
 import statistics
 import time
 from pathlib import Path
 
 import specbench  # noqa: F401  before torch: it shortens OpenMP's spin (specbench/openmp.py)
-import numpy as np
 import pandas as pd
 import torch
 from hydra import compose, initialize_config_dir
@@ -32,7 +32,7 @@ from transformers import DynamicCache
 from specbench.config import CONF_DIR
 from specbench.execution.value import Execution
 from specbench.hardware.measured.row_invariance import check_rows
-from specbench.models.loading import load_model, resolve_path
+from specbench.models.loading import load_model
 from specbench.trees.token_tree import TokenTree
 from specbench.verification import verify_tree
 
@@ -53,8 +53,10 @@ def main() -> None:
         cfg = compose(config_name="config", overrides=[f"model={args.model}"])
     loaded = load_model(cfg.model.name, cfg.model.path, dtype="float32")
     sides = {name: Route(loaded, *execution, rows) for name, (execution, rows) in ROUTES.items()}
-    sides |= {"onnxruntime genai": OrtGenAI(loaded, threads), "openvino genai": OvGenAI(loaded, threads),
-              "llama.cpp": LlamaCpp(cfg.model.path, max(args.contexts) + args.steps + 32, threads)}
+    other = openvino_sides()
+    sides |= {"onnxruntime genai": OrtGenAI(loaded, threads),
+              "openvino genai": OneRow(other.GenAI(loaded, "int8", threads, "PA")),
+              "llama.cpp": OneRow(other.LlamaCpp(cfg.model.path, max(args.contexts) + args.steps + 32, threads))}
     generator = torch.Generator().manual_seed(0)
     records = []
     for context in args.contexts:
@@ -133,56 +135,23 @@ class OrtGenAI:
         return {1: times}
 
 
-class OvGenAI:
-    """OpenVINO GenAI's LLMPipeline on an int8 IR of the same float weights (the project's `openvino` engine)."""
+class OneRow:
+    """An engine side of ../openvino_engine_speed/step_speed.py (OpenVINO GenAI, llama.cpp), its steps alone."""
 
-    def __init__(self, loaded, threads: int) -> None:
-        import openvino_genai as og
-
-        from specbench.engines.openvino import export
-
-        self.og = og
-        self.pipe = og.LLMPipeline(str(export(loaded, "int8")), "CPU", INFERENCE_NUM_THREADS=threads,
-                                   PERFORMANCE_HINT="LATENCY")
+    def __init__(self, side) -> None:
+        self.side = side
 
     def run(self, prompt: list[int], steps: int) -> dict:
-        import openvino as ov
-
-        og, stamps = self.og, []
-
-        class Stamps(og.StreamerBase):
-            def write(self, token):
-                stamps.append(time.perf_counter())
-                return og.StreamingStatus.RUNNING
-
-            def end(self):
-                pass
-
-        config = og.GenerationConfig()
-        config.max_new_tokens, config.do_sample, config.ignore_eos = steps + 1, False, True
-        ids = np.asarray([prompt], dtype=np.int64)
-        self.pipe.generate(og.TokenizedInputs(ov.Tensor(ids), ov.Tensor(np.ones_like(ids))), config, Stamps())
-        return {1: list(np.diff(stamps) * 1000)}
+        return self.side.run(prompt, steps)[0]
 
 
-class LlamaCpp:
-    """llama-cpp-python on the model's GGUF as shipped, one eval of one token a step."""
-
-    def __init__(self, path: str, n_ctx: int, threads: int) -> None:
-        import llama_cpp
-
-        self.llm = llama_cpp.Llama(model_path=str(resolve_path(path)), n_ctx=n_ctx, n_threads=threads,
-                                   n_threads_batch=threads, n_batch=512, verbose=False)
-
-    def run(self, prompt: list[int], steps: int) -> dict:
-        self.llm.reset()
-        self.llm.eval(prompt)
-        times = []
-        for token in prompt[:steps]:
-            start = time.perf_counter()
-            self.llm.eval([token])
-            times.append((time.perf_counter() - start) * 1000)
-        return {1: times}
+def openvino_sides():
+    """../openvino_engine_speed/step_speed.py as a module: its GenAI and LlamaCpp sides, not written twice."""
+    path = Path(__file__).parents[1] / "openvino_engine_speed" / "step_speed.py"
+    spec = importlib.util.spec_from_file_location("openvino_step_speed", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @torch.inference_mode()

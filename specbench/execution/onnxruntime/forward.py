@@ -25,6 +25,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from specbench.errors import SpecbenchError
 from specbench.execution.cache_views import full_mask, kept_rows, layer_tensors, view_layers
+from specbench.execution.graph_forward import GraphForward
 from specbench.models.shape import head_dim
 
 MIN_ROWS = 2
@@ -56,14 +57,13 @@ class CacheBuffer:
                    for t, (address, strides) in zip(layer_tensors(cache), self._slots))
 
 
-class OnnxRuntimeForward(nn.Module):
+class OnnxRuntimeForward(GraphForward):
     """A causal LM's forward as the methods call it (input ids, a 4D or 2D mask or none, positions, a DynamicCache,
-    logits_to_keep), run by an ONNX Runtime session of the verify graph. The embedding stays a PyTorch module for
-    `get_input_embeddings` and the memory accounting; the graph embeds the ids itself. No hidden states: the graph
-    returns logits only."""
+    logits_to_keep), run by an ONNX Runtime session of the verify graph, which embeds the ids itself and returns
+    logits only, no hidden states."""
 
     def __init__(self, model: nn.Module, path: str, threads: int, chains_only: bool) -> None:
-        super().__init__()
+        super().__init__(model)
         import onnxruntime as ort
 
         # int8 activations turn a tree row's float rounding (its attention sums its keys in other lanes when a sibling
@@ -78,24 +78,10 @@ class OnnxRuntimeForward(nn.Module):
         options = ort.SessionOptions()
         options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
         self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-        self.embed = model.get_input_embeddings()
-        self.config, self.generation_config = model.config, model.generation_config
-        self.layers = model.config.num_hidden_layers
         self.vocab = model.config.vocab_size
         self.positions = model.config.max_position_embeddings
         self.shape = (2 * self.layers, model.config.num_key_value_heads, head_dim(model.config))
         self._buffers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-    @property
-    def device(self) -> torch.device:
-        return self.embed.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return torch.float32
-
-    def get_input_embeddings(self) -> nn.Module:
-        return self.embed
 
     def padded_rows(self, n: int) -> int:
         """The rows a call of n rows computes (at least MIN_ROWS): the cost curve reads L at these."""

@@ -23,6 +23,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from specbench.errors import SpecbenchError
 from specbench.execution.cache_views import causal_chain, full_mask, kept_rows, layer_tensors, view_layers
+from specbench.execution.graph_forward import GraphForward
 from specbench.execution.openvino.attention import RECENT_DEPTH, window_inputs
 from specbench.execution.openvino.compile import SIZED_ROWS, StaticModels
 from specbench.execution.openvino.export import INPUTS
@@ -81,26 +82,22 @@ class CacheBuffers:
         return buffer
 
 
-class OpenVinoForward(nn.Module):
+class OpenVinoForward(GraphForward):
     """A causal LM's forward as the methods call it (input ids or embeddings, a 4D or 2D mask or none, positions, a
-    DynamicCache, logits_to_keep), run by a compiled OpenVINO IR (export.py). The embedding stays a PyTorch module, so
-    `get_input_embeddings`, `parameters()` and the memory accounting see it. `claims` says what the route promises of
-    a verify's rows (BITWISE, ROUNDING or DIFFERS). `static` (compile.StaticModels) runs a call of a compiled row
+    DynamicCache, logits_to_keep), run by a compiled OpenVINO IR (export.py). `claims` says what the route promises
+    of a verify's rows (BITWISE, ROUNDING or DIFFERS). `static` (compile.StaticModels) runs a call of a compiled row
     count at its cache buffer's capacity where it can; without it those calls run the row models, context dynamic.
     `buffers` shares another forward's cache buffers (the prefill's do: one cache run by two IRs never moves)."""
 
     def __init__(self, model: nn.Module, compiled, by_rows: dict | None = None, claims: str = ROUNDING,
                  row_invariant: bool = False, prefill: "OpenVinoForward | None" = None,
                  static: "StaticModels | None" = None, buffers: CacheBuffers | None = None) -> None:
-        super().__init__()
+        super().__init__(model)
         import openvino as ov
 
         self.claims = claims
         self.row_invariant = row_invariant  # the IR traces recent_attention; every call runs >= 2 rows (w4a8r)
         self.prefill = prefill  # a prompt no compiled row count holds runs in one call of this (route.py says why)
-        self.embed = model.get_input_embeddings()
-        self.config, self.generation_config = model.config, model.generation_config
-        self.layers = model.config.num_hidden_layers
         shape = (2 * self.layers, model.config.num_key_value_heads, head_dim(model.config))
         if buffers is None:
             buffers = prefill.buffers if prefill is not None else CacheBuffers(shape)
@@ -112,17 +109,6 @@ class OpenVinoForward(nn.Module):
         self._empty = ov.Tensor(torch.zeros(shape[0], 1, shape[1], 0, shape[2]).numpy())  # an empty cache's input
         self._views: dict[tuple[int, int], tuple[tuple[int, ...], torch.Tensor]] = {}  # (request, port) -> its view
         self._bound: dict[int, object] = {}  # request -> the past tensor it reads
-
-    @property
-    def device(self) -> torch.device:
-        return self.embed.weight.device
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return torch.float32
-
-    def get_input_embeddings(self) -> nn.Module:
-        return self.embed
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, use_cache=True, output_hidden_states=False, logits_to_keep=0, **_):
