@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import importlib.util
 import json
 import statistics
@@ -33,8 +34,6 @@ from specbench.config import CONF_DIR
 from specbench.execution.value import Execution
 from specbench.hardware.measured.row_invariance import check_rows
 from specbench.models.loading import load_model
-from specbench.trees.token_tree import TokenTree
-from specbench.verification import verify_tree
 
 ROUTES = {"onnxruntime int4_g32": (("onnxruntime", "int4_g32"), (1, 2, 3, 4, 8, 16)),
           "openvino int8": (("openvino", "int8"), (1, 2, 4))}
@@ -95,16 +94,7 @@ class Route:
         try:
             cache = DynamicCache(config=self.model.config)
             self.model(input_ids=torch.tensor([prompt]), past_key_values=cache, logits_to_keep=1)
-            got = {}
-            for rows in self.rows:
-                chain, times = TokenTree.chain(prompt[0], prompt[1:rows]), []
-                for _ in range(steps):
-                    start = time.perf_counter()
-                    verify_tree(self.model, cache, chain)
-                    times.append((time.perf_counter() - start) * 1000)
-                    cache.crop(-rows)
-                got[rows] = times
-            return got
+            return openvino_sides().chain_steps(self.model, cache, prompt, self.rows, steps)
         finally:
             torch.set_num_threads(before)
 
@@ -145,6 +135,7 @@ class OneRow:
         return self.side.run(prompt, steps)[0]
 
 
+@functools.cache
 def openvino_sides():
     """../openvino_engine_speed/step_speed.py as a module: its GenAI and LlamaCpp sides, not written twice."""
     path = Path(__file__).parents[1] / "openvino_engine_speed" / "step_speed.py"

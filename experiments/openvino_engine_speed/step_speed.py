@@ -112,16 +112,22 @@ class Ours:
             start = time.perf_counter()
             self.model(input_ids=ids, past_key_values=cache, logits_to_keep=keep)
             first[key] = (time.perf_counter() - start) * 1000
-        got = {}
-        for rows in ROWS:
-            chain, times = TokenTree.chain(prompt[0], prompt[1:rows]), []
-            for _ in range(steps):
-                start = time.perf_counter()
-                verify_tree(self.model, cache, chain)
-                times.append((time.perf_counter() - start) * 1000)
-                cache.crop(-rows)
-            got[rows] = times
-        return got, first
+        return chain_steps(self.model, cache, prompt, ROWS, steps), first
+
+
+def chain_steps(model, cache, prompt: list[int], counts, steps: int) -> dict:
+    """{rows: ms of each of `steps` verifies of a chain of that many rows on `cache`, each cropped back after, as a
+    rejected draft leaves it}."""
+    got = {}
+    for rows in counts:
+        chain, times = TokenTree.chain(prompt[0], prompt[1:rows]), []
+        for _ in range(steps):
+            start = time.perf_counter()
+            verify_tree(model, cache, chain)
+            times.append((time.perf_counter() - start) * 1000)
+            cache.crop(-rows)
+        got[rows] = times
+    return got
 
 
 class GenAI:
