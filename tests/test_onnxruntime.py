@@ -82,3 +82,23 @@ def test_onnxruntime_settings_it_cannot_run_are_one_line_before_the_model_loads(
                       tmp_path / "run")
     with pytest.raises(SpecbenchError, match=message):
         dispatch(cfg)
+
+
+def test_a_method_reading_hidden_states_or_adding_embedding_rows_is_one_line_on_onnxruntime():
+    from types import SimpleNamespace
+
+    from specbench.evaluation.plan import check_token_only
+
+    class Heads(PlainDrafter):
+        needs_hidden_states = True
+
+    class Extras(PlainDrafter):
+        def verify_extras(self, tree):
+            return None
+
+    entry = SimpleNamespace(label="mine", name="medusa")
+    check_token_only([entry, entry], [PlainDrafter(), PlainDrafter()])
+    for drafter in (Heads(), Extras()):
+        with pytest.raises(SpecbenchError, match=r"^methods entry 'mine' \(method=medusa\) reads the target's hidden "
+                                                 r"states or feeds it embeddings.*model.backend=openvino"):
+            check_token_only([entry], [drafter])

@@ -19,6 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 
 from specbench.acceptance.exact import ExactAcceptance
 from specbench.config import build
+from specbench.drafters.base import Drafter
 from specbench.drafters.plain import PlainDrafter
 from specbench.errors import SpecbenchError
 from specbench.evaluation.evaluator import EvalSettings, MethodRun
@@ -143,6 +144,8 @@ def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Pat
     # drafters before settings: building one may make its one-time artifact (SSSD's default datastore), whose
     # fingerprint is part of the method's settings
     drafters = [_drafter(e, tree, cast, execution.backend, latency) for e, tree in zip(req.entries, req.trees)]
+    if execution.backend == ONNXRUNTIME:
+        check_token_only(req.entries, drafters)
 
     _, fast_d, fast_w = execution.fastest_plain
     per_method = {e.label: e.settings() for e in req.entries} | {PLAIN: PLAIN_SETTINGS}
@@ -258,3 +261,13 @@ def run_weights(cfg) -> tuple[str, list[str]]:
     if weights == AUTO:
         return AUTO, formats
     return format_name(weights, group), list(dict.fromkeys([*formats, format_name(weights, group)]))
+
+
+def check_token_only(entries: list[MethodEntry], drafters: list[Drafter]) -> None:
+    """One line, before any prompt decodes, for a method whose drafter reads the target's hidden states or adds rows of
+    embeddings to its verify: model.backend=onnxruntime's graph takes token ids and returns logits only."""
+    for entry, drafter in zip(entries, drafters):
+        if drafter.needs_hidden_states or type(drafter).verify_extras is not Drafter.verify_extras:
+            raise SpecbenchError(f"methods entry '{entry.label}' (method={entry.name}) reads the target's hidden states "
+                                 f"or feeds it embeddings, which model.backend=onnxruntime's graph does not return or "
+                                 f"take; run it on another backend (model.backend=openvino runs every method)")
