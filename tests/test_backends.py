@@ -906,3 +906,20 @@ def test_compressing_weights_for_openvino_prints_nothing(capsys):
     OpenVinoLinear(torch.nn.Linear(64, 256, bias=False))
     out = capsys.readouterr()
     assert out.out == "" and "Compression" not in out.err, out
+
+
+def test_the_compiled_blob_cache_keeps_its_newest_blobs_within_its_budget(tmp_path):
+    """Blobs of exports no run reads again would stay for good: the oldest go first until the rest fit."""
+    import os
+
+    from specbench.execution.openvino.compile import prune_blobs
+
+    for age, name in enumerate(["new", "mid", "old", "oldest"]):
+        blob = tmp_path / f"{name}.blob"
+        blob.write_bytes(b"x" * 100)
+        os.utime(blob, (1_000_000 - age, 1_000_000 - age))
+    (tmp_path / "notes.txt").write_bytes(b"x" * 1000)  # not a blob: never counted, never removed
+    prune_blobs(tmp_path, 250)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mid.blob", "new.blob", "notes.txt"]
+    prune_blobs(tmp_path, 250)  # within the budget: nothing more goes
+    assert len(list(tmp_path.glob("*.blob"))) == 2

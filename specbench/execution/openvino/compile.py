@@ -43,7 +43,38 @@ STATIC_MEMORY = 0.25
 STATIC_CONTEXT = 4096
 SIZED_ROWS = (1, 2, 3, 4, 8, 16)
 STATIC_FLOOR = 0.5
+# the compiled-blob cache kept under this many bytes: each IR a run meets leaves a blob of its weights per row model,
+# and an IR of another export key (a new version, layout or weight format) never reads the old ones, so without a
+# bound the blobs of every past export stay: 15 GB of them filled a disk during a default run
+COMPILED_BUDGET = 4 * 2**30
 log = logging.getLogger(__name__)
+
+
+def compiled_cache() -> Path:
+    """The compiled-blob cache of the cache root in force, pruned to COMPILED_BUDGET the first time a process uses it
+    (prune_blobs)."""
+    folder = cache_dir("openvino") / "compiled"
+    if folder not in _PRUNED:
+        prune_blobs(folder, COMPILED_BUDGET)
+        _PRUNED.add(folder)
+    return folder
+
+
+_PRUNED: set[Path] = set()
+
+
+def prune_blobs(folder: Path, budget: int) -> None:
+    """The oldest blobs in `folder` (by modification time) removed until the rest fit `budget` bytes: a blob removed
+    that a later run wants is compiled again (seconds), where one kept is disk held for good."""
+    blobs = sorted((p for p in folder.glob("*.blob") if p.is_file()), key=lambda p: p.stat().st_mtime)
+    total = sum(p.stat().st_size for p in blobs)
+    for blob in blobs:
+        if total <= budget:
+            break
+        size = blob.stat().st_size
+        with contextlib.suppress(OSError):  # another process removed or holds it
+            blob.unlink()
+            total -= size
 
 
 def compiled(model, properties: dict = PROPERTIES, cached: bool = True):
@@ -54,7 +85,7 @@ def compiled(model, properties: dict = PROPERTIES, cached: bool = True):
     core = ov.Core()
     with contextlib.suppress(SpecbenchError):  # a read-only cache: compiled every run, not cached
         if cached:
-            core.set_property({"CACHE_DIR": str(cache_dir("openvino") / "compiled")})
+            core.set_property({"CACHE_DIR": str(compiled_cache())})
     return core.compile_model(model, "CPU", properties | {"INFERENCE_NUM_THREADS": torch.get_num_threads()})
 
 
