@@ -135,8 +135,8 @@ def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Pat
     if machine is not None and formats == ["fp"]:
         log.info("speedup_any weighs float weights only (eval.profile_weights=[fp]); eval.profile_weights=[fp,int8,int4] "
                  "adds the quantised targets' plain decoding (measured once per machine)")
-    # drafters are built on the eager model in the run's dtype and weights (build_drafter says why); an openvino
-    # target compresses its float weights itself, and its drafters read the float model
+    # drafters are built on the eager model in the run's dtype and weights (build_drafter says why); an openvino or
+    # onnxruntime target quantises its float weights itself, and its drafters read the float model
     own_graph = execution.backend in OWN_GRAPH
     cast = Execution("eager", execution.dtype, "fp" if own_graph else execution.weights).apply(loaded)
     target = execution.own.apply(loaded) if own_graph else with_backend(cast, execution.backend)

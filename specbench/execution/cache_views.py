@@ -4,8 +4,57 @@ from a call as the methods make it."""
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from transformers import DynamicCache
+
+# a cache buffer's capacity is a multiple of this many tokens: the attention's input shapes change only when a cache
+# outgrows it, which costs one copy of the cache and, on OpenVINO, the CPU plugin's preparation of those nodes for the
+# new shape; a masked slot adds an exact zero to the softmax
+CACHE_STEP = 256
+
+
+class CacheBuffer:
+    """One cache's keys and values in memory a runtime reads in place: (2 x layers, 1, kv heads, capacity, head dim),
+    the cache's rows first, finite stale slots after them. A runtime's subclass adds its own handle on `memory`."""
+
+    def __init__(self, shape: tuple[int, int, int], capacity: int) -> None:
+        layers_kv, kv_heads, width = shape
+        self.capacity = capacity
+        self.memory = torch.zeros(layers_kv, 1, kv_heads, capacity, width)
+        self.layers = self.memory.unbind(0)
+        # each layer's address and strides, read once: a cache's layers are checked against them on every call
+        self._slots = [(t.data_ptr(), t.stride()) for t in self.layers]
+
+    def holds(self, cache) -> bool:
+        """Whether every layer of `cache` views this buffer's leading slots (its rows lie where the runtime reads)."""
+        return all(t.data_ptr() == address and t.stride() == strides
+                   for t, (address, strides) in zip(layer_tensors(cache), self._slots))
+
+    def take(self, cache, past: int) -> None:
+        """`cache`'s `past` rows copied in, unless they already lie here: a cache filled elsewhere, or outgrowing its
+        buffer, costs one copy."""
+        if past and not self.holds(cache):
+            for t, slot in zip(layer_tensors(cache), self.layers):
+                slot[:, :, :past] = t
+
+
+class CacheBuffers:
+    """Each cache's buffer (`make(shape, capacity)`, a CacheBuffer), held while the cache lives; shared by the
+    forwards that run one cache (OpenVINO's w4a8r prefill and its steps), so a cache never moves between them."""
+
+    def __init__(self, shape: tuple[int, int, int], make=CacheBuffer) -> None:
+        self.shape, self.make = shape, make
+        self._of: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+    def holding(self, cache, tokens: int) -> CacheBuffer:
+        """`cache`'s buffer with room for `tokens`: a new one (the next multiple of CACHE_STEP) when it has none or
+        less; the caller has the cache's rows taken into it (CacheBuffer.take)."""
+        buffer = self._of.get(cache)
+        if buffer is None or buffer.capacity < tokens:
+            buffer = self._of[cache] = self.make(self.shape, -(-tokens // CACHE_STEP) * CACHE_STEP)
+        return buffer
 
 
 def view_layers(cache: DynamicCache, buffer, length: int, layers: int) -> None:
@@ -44,8 +93,8 @@ def causal_chain(mask: torch.Tensor, position_ids: torch.Tensor, past: int) -> b
 
 
 def full_mask(mask: torch.Tensor | None, batch: int, n: int, past: int) -> torch.Tensor:
-    """The 4D boolean mask a runtime's graph takes: a 4D mask as given, else causal over the new rows, with a 2D padding mask
-    (batch, past + n) applied to the keys when given."""
+    """The 4D boolean mask a runtime's graph takes: a 4D mask as given, else causal over the new rows, with a 2D
+    padding mask (batch, past + n) applied to the keys when given."""
     if mask is not None and mask.dim() == 4:
         return mask.to(torch.bool)
     causal = torch.ones(n, past + n, dtype=torch.bool).tril(past)[None, None].expand(batch, 1, n, past + n)

@@ -74,8 +74,8 @@ def backend_problem(weights: str, backend: str) -> str | None:
     head = split_format(weights)[0]
     if head in openvino.OWN_FORMATS and backend != "openvino":
         return f"{head} is OpenVINO's dynamic quantisation of activations: it runs on model.backend=openvino only"
-    if backend == "onnxruntime" and head not in ("fp", "int8", "int4"):
-        return f"the onnxruntime backend runs the builder's weights (fp, int8, int4), not {head}"
+    if backend == "onnxruntime":
+        return onnxruntime.weights_problem(weights)
     return None
 
 

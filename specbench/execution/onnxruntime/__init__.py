@@ -13,7 +13,7 @@ kind of kernel llama.cpp runs, and its GroupQueryAttention reads and writes the 
 
 from specbench.execution.onnxruntime.export import INT4_GROUPS, BuildFailed, check_format, export
 from specbench.execution.onnxruntime.forward import OnnxRuntimeForward
-from specbench.execution.onnxruntime.route import check_run, unsupported, with_onnxruntime
+from specbench.execution.onnxruntime.route import check_run, unsupported, weights_problem, with_onnxruntime
 
 __all__ = ["INT4_GROUPS", "BuildFailed", "OnnxRuntimeForward", "check_format", "check_run", "export", "unsupported",
-           "with_onnxruntime"]
+           "weights_problem", "with_onnxruntime"]

@@ -13,7 +13,6 @@ source, the weight format and the versions that shape it, and written whole (a t
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import logging
 import re
@@ -22,10 +21,9 @@ from pathlib import Path
 
 from specbench.errors import SpecbenchError
 from specbench.execution.openvino import interrupt_after, quiet_transformers, save_whole, usable
+from specbench.execution.openvino.export import model_key
 from specbench.models.loading import LoadedModel, cache_root, with_dtype
 
-# the builder's precisions a CPU runs: int4 in groups (int4_g<group>, its int4_block_size), int8, fp32
-FORMATS = ("fp32", "int8", "int4")
 INT4_GROUPS = (16, 32, 64, 128, 256)  # the block sizes MatMulNBits takes
 WHAT = "ONNX Runtime GenAI model"
 LAYOUT = "verify_v2"  # what add_verify_inputs writes; part of the cache key, so a changed layout is built again
@@ -52,11 +50,7 @@ def model_folder(loaded: LoadedModel, weights: str) -> Path:
     import onnxruntime_genai as og
     import transformers
 
-    params = list(loaded.model.parameters())
-    first, last = (p.detach().float().sum().item() for p in (params[0], params[-1]))
-    identity = f"{loaded.source}:{loaded.model.config.to_json_string()}:{first}:{last}"
-    versions = f"{og.__version__}:{transformers.__version__}:{LAYOUT}"
-    key = hashlib.sha1(f"{identity}:{versions}".encode()).hexdigest()[:10]
+    key = model_key(loaded, f"{og.__version__}:{transformers.__version__}:{LAYOUT}")
     return cache_root() / "onnxruntime" / f"{loaded.name}-{key}-{weights}"
 
 

@@ -15,7 +15,7 @@ verify's rows then match bit for bit along a chain.
 
 from __future__ import annotations
 
-import weakref
+import functools
 
 import numpy as np
 import torch
@@ -24,37 +24,28 @@ from transformers import DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from specbench.errors import SpecbenchError
-from specbench.execution.cache_views import full_mask, kept_rows, layer_tensors, view_layers
+from specbench.execution.cache_views import CacheBuffer, CacheBuffers, full_mask, kept_rows, view_layers
 from specbench.execution.graph_forward import GraphForward
 from specbench.models.shape import head_dim
 
 MIN_ROWS = 2
-CACHE_STEP = 256  # a buffer's capacity is a multiple of this many tokens
 NEGATIVE = float(torch.finfo(torch.float32).min)  # a masked key's bias: its weight is an exact 0
 
 
-class CacheBuffer:
-    """One cache's keys and values in memory ONNX Runtime reads and writes in place: (2 x layers, 1, kv heads,
-    capacity, head dim), the cache's rows first; with an IO binding that holds every layer's past and present on it."""
+class OnnxRuntimeBuffer(CacheBuffer):
+    """A cache buffer with an IO binding that holds every layer's past and present on its memory, which ONNX
+    Runtime reads and writes in place."""
 
     def __init__(self, session, shape: tuple[int, int, int], capacity: int) -> None:
         import onnxruntime as ort
 
-        layers_kv, kv_heads, width = shape
-        self.capacity = capacity
-        self.memory = torch.zeros(layers_kv, 1, kv_heads, capacity, width)
+        super().__init__(shape, capacity)
         self.binding = session.io_binding()
-        self._values = [ort.OrtValue.ortvalue_from_numpy(t.numpy()) for t in self.memory.unbind(0)]
+        self._values = [ort.OrtValue.ortvalue_from_numpy(t.numpy()) for t in self.layers]
         for i, value in enumerate(self._values):
             name = f"{i // 2}.{'key' if i % 2 == 0 else 'value'}"
             self.binding.bind_ortvalue_input(f"past_key_values.{name}", value)
             self.binding.bind_ortvalue_output(f"present.{name}", value)
-        self._slots = [(t.data_ptr(), t.stride()) for t in self.memory.unbind(0)]
-
-    def holds(self, cache) -> bool:
-        """Whether every layer of `cache` views this buffer's leading slots."""
-        return all(t.data_ptr() == address and t.stride() == strides
-                   for t, (address, strides) in zip(layer_tensors(cache), self._slots))
 
 
 class OnnxRuntimeForward(GraphForward):
@@ -81,7 +72,7 @@ class OnnxRuntimeForward(GraphForward):
         self.vocab = model.config.vocab_size
         self.positions = model.config.max_position_embeddings
         self.shape = (2 * self.layers, model.config.num_key_value_heads, head_dim(model.config))
-        self._buffers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.buffers = CacheBuffers(self.shape, functools.partial(OnnxRuntimeBuffer, self.session))
 
     def padded_rows(self, n: int) -> int:
         """The rows a call of n rows computes (at least MIN_ROWS): the cost curve reads L at these."""
@@ -110,7 +101,8 @@ class OnnxRuntimeForward(GraphForward):
         if rows > n:  # a pad row: the last row again one position on, seeing every row; its outputs are dropped
             ids = torch.cat([ids, ids[:, -1:].expand(1, rows - n)], 1)
             positions = torch.cat([positions, positions[:, -1:] + torch.arange(1, rows - n + 1)[None]], 1)
-        buffer = self._buffer(cache, past, past + rows)
+        buffer = self.buffers.holding(cache, past + rows)
+        buffer.take(cache, past)
         # a chain's mask (none given) is GroupQueryAttention's own causal one; a tree's keeps each row from the rows
         # that are not its ancestors
         bias = torch.zeros(1, 1, rows, past + rows)
@@ -132,23 +124,12 @@ class OnnxRuntimeForward(GraphForward):
         view_layers(cache, buffer, past + n, self.layers)
         return CausalLMOutputWithPast(logits=logits[:, :len(keep)], past_key_values=cache)
 
-    def _buffer(self, cache, past: int, tokens: int) -> CacheBuffer:
-        """`cache`'s buffer with room for `tokens`, its rows in place: a new one (the next multiple of CACHE_STEP)
-        when it has none or less, or when the cache was filled elsewhere, the cache's rows copied in once."""
-        buffer = self._buffers.get(cache)
-        if buffer is None or buffer.capacity < tokens:
-            buffer = self._buffers[cache] = CacheBuffer(self.session, self.shape,
-                                                        -(-tokens // CACHE_STEP) * CACHE_STEP)
-        if past and not buffer.holds(cache):
-            for t, slot in zip(layer_tensors(cache), buffer.memory.unbind(0)):
-                slot[:, :, :past] = t
-        return buffer
-
 
 def _projected(keep: torch.Tensor, rows: int) -> torch.Tensor:
     """The rows the LM head projects: the kept ones first, then others of the call up to MIN_ROWS, so the head too
     multiplies at least two rows (a prompt's last row alone would take the one-row kernel)."""
     if len(keep) >= MIN_ROWS:
         return keep
-    others = [r for r in range(rows - 1, -1, -1) if r not in set(keep.tolist())]
+    kept = set(keep.tolist())
+    others = [r for r in range(rows - 1, -1, -1) if r not in kept]
     return torch.cat([keep, torch.tensor(others[:MIN_ROWS - len(keep)], dtype=torch.long)])

@@ -26,9 +26,14 @@ def unsupported(dtype: torch.dtype, device: torch.device, weights: str = "fp") -
         return "the onnxruntime backend runs on the CPU"
     if dtype != torch.float32:
         return "the onnxruntime backend runs float32 activations (eval.dtype=float32)"
+    return weights_problem(weights)
+
+
+def weights_problem(weights: str) -> str | None:
+    """Why the builder cannot write these weights (a config or format name), None when it can."""
     head = weights.partition("_g")[0]
     if head not in ("fp", "int8", "int4"):
-        return f"the onnxruntime backend runs the builder's weights (fp, int8, int4_g<group>), not {head}"
+        return f"the onnxruntime backend runs the builder's weights (fp, int8, int4), not {head}"
     return None
 
 

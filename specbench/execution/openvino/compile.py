@@ -29,7 +29,7 @@ DYNAMIC_GROUP = 32
 # masked rows), its context dynamic: the CPU plugin prepares a node for its input shapes when they change, and a
 # kernel compiled for a static row count runs faster than the dynamic model's at the same shape
 # (experiments/openvino_engine_speed), while the context moves only the attention's shapes, in steps of the cache
-# buffer's capacity (forward.CACHE_STEP). Each costs seconds to compile and a resident copy of the compiled weights,
+# buffer's capacity (cache_views.CACHE_STEP). Each costs seconds to compile and a resident copy of the compiled weights,
 # so a few: rows for plain decoding, a 16-node tree, a chain or a small tree; other calls (prefill, larger trees,
 # batches) take the dynamic model. Compiled in this order while they fit in STATIC_MEMORY of the memory available at
 # the build (a compile's resident cost, measured on the first)

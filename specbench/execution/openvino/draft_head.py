@@ -23,7 +23,8 @@ from specbench.execution.openvino.attention import ATTENTION, register
 from specbench.execution.openvino.compile import PROPERTIES, StaticModels, compiled, row_models
 from specbench.execution.openvino.export import (INPUTS, flat_cache, interrupt_after, ir_folder, quiet_transformers,
                                                 save_ir, usable)
-from specbench.execution.openvino.forward import CacheBuffers, OpenVinoForward
+from specbench.execution.cache_views import CacheBuffers
+from specbench.execution.openvino.forward import OpenVinoForward
 from specbench.models.loading import LoadedModel
 from specbench.models.shape import head_dim
 

@@ -42,13 +42,19 @@ def ir_folder(loaded: LoadedModel, kind: str, layout: str = "") -> Path:
     import openvino as ov
     import transformers
 
+    versions = f"{ov.__version__}:{transformers.__version__}" + (f":{layout}" if layout else "")
+    # not cache_dir(): a read-only cache that already holds the IR is read as it is; writing is checked by save_whole
+    return cache_root() / "openvino" / f"{loaded.name}-{model_key(loaded, versions)}-{kind}"
+
+
+def model_key(loaded: LoadedModel, versions: str) -> str:
+    """A short key of `loaded`'s float weights as an export reads them (its source and config, two of its weights: a
+    draft artifact or a changed checkpoint moves them) and of `versions`, the libraries' versions that shape the
+    export."""
     params = list(loaded.model.parameters())
     first, last = (p.detach().float().sum().item() for p in (params[0], params[-1]))
     identity = f"{loaded.source}:{loaded.model.config.to_json_string()}:{first}:{last}"
-    versions = f"{ov.__version__}:{transformers.__version__}" + (f":{layout}" if layout else "")
-    key = hashlib.sha1(f"{identity}:{versions}".encode()).hexdigest()[:10]
-    # not cache_dir(): a read-only cache that already holds the IR is read as it is; writing is checked by save_whole
-    return cache_root() / "openvino" / f"{loaded.name}-{key}-{kind}"
+    return hashlib.sha1(f"{identity}:{versions}".encode()).hexdigest()[:10]
 
 
 def compressed(ir, weights: str):

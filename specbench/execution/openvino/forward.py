@@ -14,7 +14,6 @@ calls (a large tree) the dynamic model; a batch of several sequences copies its 
 
 from __future__ import annotations
 
-import weakref
 
 import torch
 from torch import nn
@@ -22,7 +21,8 @@ from transformers import DynamicCache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from specbench.errors import SpecbenchError
-from specbench.execution.cache_views import causal_chain, full_mask, kept_rows, layer_tensors, view_layers
+from specbench.execution.cache_views import (CACHE_STEP, CacheBuffer, CacheBuffers, causal_chain, full_mask,
+                                             kept_rows, layer_tensors, view_layers)
 from specbench.execution.graph_forward import GraphForward
 from specbench.execution.openvino.attention import RECENT_DEPTH, window_inputs
 from specbench.execution.openvino.compile import SIZED_ROWS, StaticModels
@@ -34,52 +34,20 @@ from specbench.execution.row_claims import ROUNDING
 # w4a8r: every call runs at least this many rows, as the CPU plugin quantises a one-row call by another kernel than
 # a call of several rows (experiments/openvino_row_invariant)
 ROW_INVARIANT_MIN_ROWS = 2
-# a cache buffer's capacity is a multiple of this many tokens: the attention's input shapes change only when a cache
-# outgrows it, which costs one copy of the cache and the CPU plugin's preparation of those nodes for the new shape;
-# a masked slot adds an exact zero to the softmax
-CACHE_STEP = 256
 # a batch of several sequences copies its cache in, padded with masked keys to a multiple of this many tokens, so the
 # dynamic model sees a new context length (and prepares its nodes again) every BATCH_BUCKET tokens, not every call
 BATCH_BUCKET = 32
 PAST = INPUTS.index("past")
 
 
-class CacheBuffer:
-    """One cache's keys and values in memory OpenVINO reads in place: (2 x layers, 1, kv heads, capacity, head dim),
-    the cache's rows first, finite stale slots after them."""
+class OpenVinoBuffer(CacheBuffer):
+    """A cache buffer with the OpenVINO tensor its requests read as their `past` input, sharing its memory."""
 
     def __init__(self, shape: tuple[int, int, int], capacity: int) -> None:
         import openvino as ov
 
-        layers_kv, kv_heads, width = shape
-        self.capacity = capacity
-        self.memory = torch.zeros(layers_kv, 1, kv_heads, capacity, width)
+        super().__init__(shape, capacity)
         self.tensor = ov.Tensor(self.memory.numpy(), shared_memory=True)
-        self.layers = self.memory.unbind(0)
-        # each layer's address and strides, read once: a cache's layers are checked against them on every call
-        self._slots = [(t.data_ptr(), t.stride()) for t in self.layers]
-
-    def holds(self, cache) -> bool:
-        """Whether every layer of `cache` views this buffer's leading slots (its rows lie where the IR reads)."""
-        return all(t.data_ptr() == address and t.stride() == strides
-                   for t, (address, strides) in zip(layer_tensors(cache), self._slots))
-
-
-class CacheBuffers:
-    """Each cache's CacheBuffer, held while the cache lives; shared by the forwards that run one cache (w4a8r's
-    prefill and its steps), so a cache never moves between them."""
-
-    def __init__(self, shape: tuple[int, int, int]) -> None:
-        self.shape = shape
-        self._of: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-    def holding(self, cache, tokens: int) -> CacheBuffer:
-        """`cache`'s buffer with room for `tokens`: a new one (the next multiple of CACHE_STEP) when it has none or
-        less; the caller copies the cache's rows into it."""
-        buffer = self._of.get(cache)
-        if buffer is None or buffer.capacity < tokens:
-            buffer = self._of[cache] = CacheBuffer(self.shape, -(-tokens // CACHE_STEP) * CACHE_STEP)
-        return buffer
 
 
 class OpenVinoForward(GraphForward):
@@ -100,7 +68,7 @@ class OpenVinoForward(GraphForward):
         self.prefill = prefill  # a prompt no compiled row count holds runs in one call of this (route.py says why)
         shape = (2 * self.layers, model.config.num_key_value_heads, head_dim(model.config))
         if buffers is None:
-            buffers = prefill.buffers if prefill is not None else CacheBuffers(shape)
+            buffers = prefill.buffers if prefill is not None else CacheBuffers(shape, OpenVinoBuffer)
         self.buffers = buffers
         self.request = compiled.create_infer_request()  # batch 1: reads a cache buffer in place
         self.batch_request = compiled.create_infer_request()  # batches: the cache copied into its own memory
@@ -129,9 +97,7 @@ class OpenVinoForward(GraphForward):
         if batch != 1:
             return self._batched(embeds, mask, position_ids, cache, output_hidden_states, logits_to_keep)
         buffer = self.buffers.holding(cache, past + n)
-        if past and not buffer.holds(cache):  # a cache filled elsewhere, or outgrowing its buffer: one copy
-            for t, slot in zip(layer_tensors(cache), buffer.layers):
-                slot[:, :, :past] = t
+        buffer.take(cache, past)
         # recent_attention gathers from a cache of at least one slot; an empty cache is read as none
         width = buffer.capacity if past or self.row_invariant else 0
         rows, request = self._sized(n, width)
