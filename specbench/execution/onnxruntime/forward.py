@@ -62,9 +62,8 @@ class OnnxRuntimeForward(GraphForward):
         # (experiments/onnxruntime_verify), so the Decoder verifies a draft's first path only
         self.chains_only = chains_only
         # ONNX Runtime's pool spins between calls (its default, as its own engine runs): a torch op of two threads
-        # between two calls waits for the core a spinner holds, which made a plain step 1.6x as long; spinning off made
-        # each call 1.1 ms longer. So the Decoder runs torch's small ops on one thread around this forward
-        # (experiments/onnxruntime_verify)
+        # between two calls waits for the core a spinner holds, and turning the spinning off lengthens every call. So
+        # the Decoder runs torch's small ops on one thread around this forward (experiments/onnxruntime_verify)
         self.torch_threads = 1
         options = ort.SessionOptions()
         options.intra_op_num_threads, options.inter_op_num_threads = threads, 1

@@ -45,7 +45,7 @@ SIZED_ROWS = (1, 2, 3, 4, 8, 16)
 STATIC_FLOOR = 0.5
 # the compiled-blob cache kept under this many bytes: each IR a run meets leaves a blob of its weights per row model,
 # and an IR of another export key (a new version, layout or weight format) never reads the old ones, so without a
-# bound the blobs of every past export stay: 15 GB of them filled a disk during a default run
+# bound the blobs of every past export stay, until they fill the disk (experiments/first_look)
 COMPILED_BUDGET = 4 * 2**30
 log = logging.getLogger(__name__)
 
