@@ -16,7 +16,8 @@ from specbench.drafters.base import DecodeState, Drafter, StepOutcome
 from specbench.errors import SpecbenchError
 from specbench.timing import StepTimer
 from specbench.trees.token_tree import TokenTree
-from specbench.verification import VerifyOutput, cache_bytes, commit_path, new_cache, selected_hidden, verify_tree
+from specbench.verification import (VerifyOutput, cache_bytes, commit_path, new_cache, selected_hidden, verified_tree,
+                                    verify_tree)
 
 
 @dataclass
@@ -56,9 +57,6 @@ class Decoder:
         self.max_new_tokens, self.eos, self.seed = max_new_tokens, set(eos_token_ids), seed
         self.max_context = max_context or getattr(model.config, "max_position_embeddings", None) or 2**31
         self.timer = StepTimer(model.device)  # CUDA events and one sync per step on a GPU (see specbench.timing)
-        # a target whose verify computes a tree's rows otherwise than its plain decoding but a chain's alike (the
-        # onnxruntime backend's int8 activations: OnnxRuntimeForward) verifies each draft's first path only
-        self.chains_only = bool(getattr(model, "chains_only", False))
 
     def compile_ahead(self, shortest: int, longest: int) -> None:
         """Let the target and the drafter compile now what generations whose context runs from `shortest` to `longest`
@@ -127,9 +125,7 @@ class Decoder:
         done = self._finished(gen, [first])
         while not done:
             t0 = timer.mark()
-            tree = self._fit_context(self.drafter.propose(state), cache.get_seq_length())
-            if self.chains_only and not tree.is_chain:
-                tree = tree.first_path()
+            tree = verified_tree(self.model, self._fit_context(self.drafter.propose(state), cache.get_seq_length()))
             t1 = timer.mark()
             past_len = cache.get_seq_length()
             extras = self.drafter.verify_extras(tree)

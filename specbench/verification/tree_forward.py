@@ -39,6 +39,15 @@ def tree_attention_mask(tree: TokenTree, past_len: int) -> torch.Tensor:
 
 
 @torch.inference_mode()
+def verified_tree(model, tree: TokenTree) -> TokenTree:
+    """What of `tree` the target verifies: all of it, or its first path for a target whose verify computes a tree's
+    rows otherwise than its plain decoding but a chain's alike (`chains_only`: the onnxruntime backend's int8
+    activations, OnnxRuntimeForward). The Decoder verifies this, and the machine's row check checks it."""
+    if getattr(model, "chains_only", False) and not tree.is_chain:
+        return tree.first_path()
+    return tree
+
+
 def verify_tree(model, cache, tree: TokenTree, want_hidden: bool | tuple[int, ...] = False,
                 extra_embeds: torch.Tensor | None = None, extra_parents: torch.Tensor | None = None) -> VerifyOutput:
     """Run the target once over the tree; the cache grows by len(tree) (+ extra) entries, to be trimmed by commit_path.

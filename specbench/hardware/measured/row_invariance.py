@@ -21,7 +21,7 @@ import torch
 
 from specbench.execution.row_claims import BITWISE, DIFFERS, ROUNDING
 from specbench.trees.token_tree import TokenTree
-from specbench.verification import commit_path, new_cache, verify_tree
+from specbench.verification import commit_path, new_cache, verified_tree, verify_tree
 
 CONTEXTS = (30, 250)  # a short prompt and one past the first buckets and static shapes a backend pads to
 CHAINS = (2, 4, 8, 16)
@@ -76,9 +76,8 @@ def verdict(max_abs_diff: float, logit_scale: float, dtype: torch.dtype) -> str:
 def check_rows(model, dtype: torch.dtype, vocab: int, contexts=CONTEXTS, chains=CHAINS,
                tree_parents=TREE_PARENTS, seed: int = 0) -> RowInvariance:
     """Run the check on `model` (a target as the run executes it: its backend, dtype and weights) with random
-    tokens below `vocab`: every row of each chain and of the tree against plain decoding of its path. A target the
-    Decoder verifies chains on only (`chains_only`: OnnxRuntimeForward's int8 activations) is checked on what it
-    verifies: the tree's first path."""
+    tokens below `vocab`: every row of each chain and of the tree against plain decoding of its path; of the tree,
+    what the Decoder verifies of it (verification.verified_tree)."""
     generator = torch.Generator().manual_seed(seed)
     worst, scale, rows = 0.0, 0.0, 0
     parents = torch.tensor(tree_parents)
@@ -86,8 +85,7 @@ def check_rows(model, dtype: torch.dtype, vocab: int, contexts=CONTEXTS, chains=
         prompt = torch.randint(vocab, (context,), generator=generator).tolist()
         tokens = torch.randint(vocab, (max([*chains, len(parents)]),), generator=generator)
         checks = [TokenTree.chain(int(tokens[0]), tokens[1:k].tolist()) for k in chains]
-        tree = TokenTree(tokens[: len(parents)], parents)
-        checks.append(tree.first_path() if getattr(model, "chains_only", False) else tree)
+        checks.append(verified_tree(model, TokenTree(tokens[: len(parents)], parents)))
         cache = new_cache(model)  # the prompt, prefilled as the decoder prefills it (one call)
         model(input_ids=torch.tensor([prompt], device=model.device), past_key_values=cache, use_cache=True)
         plain = {}  # path of tokens -> its last row's logits under plain decoding
