@@ -1,12 +1,14 @@
-"""The onnxruntime backend: the builder's graph of the tiny target run with every call at least two rows, a draft
-tree cut to its first path where int8 activations make a tree's rows differ, and its settings refused in one line
-before any model loads. Whether this CPU's MatMulNBits keeps a chain's rows bitwise is measured by the machine's row
-check, never asserted: where it does not, the lossless test says so and skips."""
+"""The onnxruntime backend: the builder's graph of the tiny target run with every attention at least two rows (the
+whole call where the machine's kernels give a lone row other bits), a draft tree cut to its first path where int8
+activations make a tree's rows differ, and its settings refused in one line before any model loads. Whether this
+CPU's kernels keep a chain's rows bitwise is measured by the machine's row check, never asserted: where they do not,
+the lossless test says so and skips."""
 
 import importlib.util
 
 import pytest
 import torch
+from transformers import DynamicCache
 
 from specbench.acceptance import ExactAcceptance
 from specbench.decoding import Decoder
@@ -35,14 +37,26 @@ def test_a_trees_first_path_follows_each_nodes_first_child_with_its_draft_probab
 @pytest.mark.slow
 def test_the_int4_route_decodes_chains_as_its_plain_decoding_where_this_cpu_keeps_their_rows(tiny, tmp_path,
                                                                                            monkeypatch):
-    """int4_g32 (int8 activations): every call runs two rows or more, trees are cut to their first path, and where
-    the machine's row check finds the chains' rows bitwise, greedy speculation returns the route's plain decoding."""
+    """int4_g32 (int8 activations): a one-row call pads its attention, and its other layers only where a lone row
+    keeps its bits there; trees are cut to their first path; and where the machine's row check finds the chains' rows
+    bitwise, greedy speculation returns the route's plain decoding."""
     from specbench.execution.value import Execution
 
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
     run = Execution("onnxruntime", "float32", "int4_g32").apply(tiny)
     model = run.model
-    assert model.chains_only and model.padded_rows(1) == 2 and model.padded_rows(5) == 5
+    assert model.chains_only and model.padded_rows(5) == 5
+    assert model.padded_rows(1) == (1 if model.attention_pad else 2)
+    with torch.inference_mode():  # the forward's choice is what a lone row gives here, measured again
+        kept = model.attention_pad
+        model.attention_pad = True
+        ids = torch.tensor([[5, 6, 7, 8, 9, 10]])
+        cache = DynamicCache(config=model.config)
+        model(input_ids=ids[:, :4], past_key_values=cache)
+        alone = model(input_ids=ids[:, 4:5], past_key_values=cache).logits[0, 0]
+        cache.crop(-1)
+        assert torch.equal(alone, model(input_ids=ids[:, 4:], past_key_values=cache).logits[0, 0]) or not kept
+        model.attention_pad = kept
     with torch.inference_mode():
         rows = check_rows(model, torch.float32, tiny.model.config.vocab_size)
     if rows.verdict != BITWISE:

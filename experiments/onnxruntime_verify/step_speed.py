@@ -2,12 +2,12 @@
 interleaved; and what its rows compute against plain decoding's.
 
 For each context (one random prompt of that many tokens for every side): the onnxruntime route's verify of a chain of
-n rows, L(n) for n = 1, 2, 3, 4, 8, 16 (n = 1 pads to two rows: forward.py says why), and the openvino int8 route's
-(the previous verify target) at 1, 2 and 4 rows, each on the prompt's cache and then cropped back as a rejected draft
-leaves it; and the one-row step of ONNX Runtime GenAI (the builder's model of the same weights, its own loop),
+n rows, L(n) for n = 1, 2, 3, 4, 8, 16 (n = 1 pads its attention, or the whole call, to two rows: forward.py
+says why), and the openvino int8 route's (the previous verify target) at 1, 2 and 4 rows, each on the prompt's cache
+and then cropped back as a rejected draft leaves it; and the one-row step of ONNX Runtime GenAI (the builder's model of the same weights, its own loop),
 OpenVINO GenAI (an int8 IR) and llama.cpp (the GGUF as shipped). The median of every side, with its ratio to the
 fastest engine's step. Then the route's rows: the machine's row check on its chains, and how far a one-row call
-(unpadded) is from the same row in a call of two.
+(its attention padded, and nothing padded) is from the same row in a call of two.
 
     python experiments/onnxruntime_verify/step_speed.py [--contexts 128 512 1024 2048] [--rounds 3] [--steps 16]
         [--out experiments/onnxruntime_verify/steps.csv]
@@ -148,20 +148,28 @@ def openvino_sides():
 @torch.inference_mode()
 def rows_of(model, loaded) -> None:
     """The route's rows against plain decoding's: the machine's row check on chains (what the Decoder verifies
-    there), and one row called alone (unpadded) against the same row padded to two."""
+    there), and a row called alone, its attention padded (the forward's one-row call where the machine keeps a lone
+    row's bits) and with nothing padded, against the same row first in a call of two."""
+    from specbench.execution.onnxruntime import forward as route_forward
+
     check = check_rows(model, torch.float32, loaded.model.config.vocab_size)
     print(f"\nrow check (chains, as the Decoder verifies on this route): {check.verdict}: {check.describe()}")
-    prompt, token = torch.arange(100, 164)[None], torch.tensor([[500]])
-    padded = model.padded_rows
-    outs = []
-    for rows in (lambda n: max(n, 2), lambda n: n):
-        model.padded_rows = rows
-        cache = DynamicCache(config=model.config)
-        model(input_ids=prompt, past_key_values=cache)
-        outs.append(model(input_ids=token, past_key_values=cache).logits[0, -1])
-    model.padded_rows = padded
-    print(f"one row alone against the same row padded to two: logits up to {float((outs[0] - outs[1]).abs().max()):.3g} "
-          f"apart (logits up to {float(outs[0].abs().max()):.3g})")
+    print(f"the forward pads a one-row call's {'attention alone' if model.attention_pad else 'every layer'}")
+    prompt, tokens = torch.arange(100, 164)[None], torch.tensor([[500, 600]])
+    chosen = model.attention_pad
+    model.attention_pad = True
+    try:
+        for min_rows, how in ((2, "its attention padded"), (1, "nothing padded")):
+            route_forward.MIN_ROWS = min_rows
+            cache = DynamicCache(config=model.config)
+            model(input_ids=prompt, past_key_values=cache)
+            alone = model(input_ids=tokens[:, :1], past_key_values=cache).logits[0, 0]
+            cache.crop(-1)
+            pair = model(input_ids=tokens, past_key_values=cache).logits[0, 0]
+            print(f"one row, {how}, against the same row in a call of two: logits up to "
+                  f"{float((alone - pair).abs().max()):.3g} apart (logits up to {float(pair.abs().max()):.3g})")
+    finally:
+        route_forward.MIN_ROWS, model.attention_pad = 2, chosen
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """The target built for ONNX Runtime by ONNX Runtime GenAI's own model builder (onnxruntime_genai.models.builder), once
-per machine: the generator's model (`model.onnx`, what the engine decodes with) and the same graph with two more inputs
+per machine: the generator's model (`model.onnx`, what the engine decodes with) and the same graph with more inputs
 for a verify (`verify.onnx`): `position_ids`, a tree node's position, and `attention_bias`, the additive mask that
 keeps a node from its non-ancestors, both read by the builder's GroupQueryAttention nodes, which take them as optional
-inputs; and `logits_rows`, the rows the LM head projects (a prompt's last ones, not all of them). The two files share
-one weights file.
+inputs; `attention_rows` and `attention_kept`, the call's rows each attention node runs (a pad row repeats the last)
+and those it hands on, so a one-row call can pad its attention alone (forward.py says why); and `logits_rows`, the
+rows the LM head projects (a prompt's last ones, not all of them). The two files share one weights file.
 
 On a CPU the builder's int4 and int8 models multiply by int8 activations (MatMulNBits at accuracy level 4) and attend
 with GroupQueryAttention over a cache held in place. Cached under cache_root()/onnxruntime, keyed by the model's
@@ -26,7 +27,7 @@ from specbench.models.loading import LoadedModel, cache_root, with_dtype
 
 INT4_GROUPS = (16, 32, 64, 128, 256)  # the block sizes MatMulNBits takes
 WHAT = "ONNX Runtime GenAI model"
-LAYOUT = "verify_v2"  # what add_verify_inputs writes; part of the cache key, so a changed layout is built again
+LAYOUT = "verify_v3"  # what add_verify_inputs writes; part of the cache key, so a changed layout is built again
 
 
 class BuildFailed(Exception):
@@ -88,9 +89,11 @@ def export(loaded: LoadedModel, weights: str) -> Path:
 
 
 def add_verify_inputs(source: Path, out: Path) -> None:
-    """`source`'s graph with `position_ids` (batch, rows) and `attention_bias` (1, 1, rows, cache + rows) as graph
-    inputs, fed to every GroupQueryAttention node's optional inputs of those names (its 10th and 11th), and
-    `logits_rows` (k,), the rows gathered before the node that writes the logits, written to `out` beside it on the
+    """`source`'s graph with `position_ids` (batch, attention rows) and `attention_bias` (1, 1, attention rows,
+    cache + attention rows) as graph inputs, fed to every GroupQueryAttention node's optional inputs of those names
+    (its 10th and 11th); `attention_rows` (attention rows,), the rows of the call gathered into each such node's packed
+    query, key and value, and `attention_kept` (rows,), the rows of its output gathered for the layers after it; and
+    `logits_rows` (k,), the rows gathered before the node that writes the logits; written to `out` beside it on the
     same weights file."""
     import onnx
     from onnx import TensorProto, helper
@@ -99,13 +102,23 @@ def add_verify_inputs(source: Path, out: Path) -> None:
     attentions = [n for n in graph.graph.node if n.op_type == "GroupQueryAttention"]
     if not attentions:
         raise BuildFailed(f"the builder's graph {source} has no GroupQueryAttention node to verify trees with")
+    if any(len(n.input) < 3 or n.input[1] or n.input[2] for n in attentions):
+        raise BuildFailed(f"the builder's graph {source} feeds its attention unpacked keys and values")
     graph.graph.input.extend([
-        helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch_size", "sequence_length"]),
+        helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch_size", "attention_length"]),
         helper.make_tensor_value_info("attention_bias", TensorProto.FLOAT,
-                                      [1, 1, "sequence_length", "total_sequence_length"])])
-    for node in attentions:
+                                      [1, 1, "attention_length", "total_sequence_length"]),
+        helper.make_tensor_value_info("attention_rows", TensorProto.INT64, ["attention_length"]),
+        helper.make_tensor_value_info("attention_kept", TensorProto.INT64, ["sequence_length"])])
+    nodes = graph.graph.node
+    for i, node in enumerate(attentions):
         node.input.extend([""] * (11 - len(node.input)))
         node.input[9], node.input[10] = "position_ids", "attention_bias"
+        packed, output = node.input[0], node.output[0]
+        node.input[0], node.output[0] = f"specbench/attention_rows/{i}", f"specbench/attention_out/{i}"
+        at = list(nodes).index(node)
+        nodes.insert(at + 1, helper.make_node("Gather", [node.output[0], "attention_kept"], [output], axis=1))
+        nodes.insert(at, helper.make_node("Gather", [packed, "attention_rows"], [node.input[0]], axis=1))
     head = next((n for n in graph.graph.node if "logits" in n.output), None)
     if head is None:
         raise BuildFailed(f"the builder's graph {source} has no node writing `logits`")

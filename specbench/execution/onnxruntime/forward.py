@@ -7,10 +7,13 @@ cached ones in place and the cache's layers grow by views of them, so nothing is
 by CACHE_STEP tokens, one copy of the rows moving the cache into a larger buffer. verification's commit_path and crop
 work on these views as on any tensor.
 
-Why every call runs at least two rows: MatMulNBits multiplies one row by another kernel than several, and with int8
-activations the two disagree by tenths of a logit, where a row of a call of two or more rows is bitwise the same
-whatever the other rows (experiments/onnxruntime_verify). So plain decoding pads its one row with a second, which a
-verify's rows then match bit for bit along a chain.
+Why every attention runs at least two rows: GroupQueryAttention over a cache sums a lone row in another order than
+the rows of a call of two or more (float rounding), which int8 activations grow to tenths of a logit, where a row of a
+call of two or more rows is bitwise the same whatever the other rows (experiments/onnxruntime_verify). So a one-row
+call pads its attention with a second row, which a verify's rows then match bit for bit along a chain. Whether the
+rest of the graph (its int8 products, the LM head) gives a lone row the bits it gives that row among others depends
+on the machine's kernels, so the forward measures it once it loads: where it does, a one-row call runs its other
+layers on its one row; where it does not, it pads the whole call.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from specbench.execution.graph_forward import GraphForward
 from specbench.models.shape import head_dim
 
 MIN_ROWS = 2
+PROBE_CONTEXTS = (30, 250)  # the machine's row check's contexts (hardware/measured/row_invariance.py)
 NEGATIVE = float(torch.finfo(torch.float32).min)  # a masked key's bias: its weight is an exact 0
 
 
@@ -72,10 +76,31 @@ class OnnxRuntimeForward(GraphForward):
         self.positions = model.config.max_position_embeddings
         self.shape = (2 * self.layers, model.config.num_key_value_heads, head_dim(model.config))
         self.buffers = CacheBuffers(self.shape, functools.partial(OnnxRuntimeBuffer, self.session))
+        self.attention_pad = True
+        self.attention_pad = self._lone_row_kept()
 
     def padded_rows(self, n: int) -> int:
-        """The rows a call of n rows computes (at least MIN_ROWS): the cost curve reads L at these."""
-        return max(n, MIN_ROWS)
+        """The rows a call of n rows runs through its linear layers (n, or at least MIN_ROWS where this machine's
+        kernels give a lone row other bits): the cost curve reads L at these."""
+        return n if self.attention_pad else max(n, MIN_ROWS)
+
+    @torch.inference_mode()
+    def _lone_row_kept(self) -> bool:
+        """Whether a one-row call, its attention alone padded, gives the logits the same row gets first in a call of
+        two, at a short and a longer context (random tokens); the machine's row check then checks the route as run."""
+        generator = torch.Generator().manual_seed(0)
+        for context in PROBE_CONTEXTS:
+            if context + 2 > self.positions:
+                continue
+            ids = torch.randint(self.vocab, (1, context + 2), generator=generator)
+            cache = DynamicCache(config=self.config)
+            self(input_ids=ids[:, :context], past_key_values=cache, logits_to_keep=1)
+            alone = self(input_ids=ids[:, context:context + 1], past_key_values=cache).logits[0, 0]
+            cache.crop(-1)
+            pair = self(input_ids=ids[:, context:], past_key_values=cache).logits[0, 0]
+            if not torch.equal(alone, pair):
+                return False
+        return True
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, use_cache=True, output_hidden_states=False, logits_to_keep=0, **_):
@@ -91,15 +116,17 @@ class OnnxRuntimeForward(GraphForward):
         past = cache.get_seq_length()
         if position_ids is None:
             position_ids = torch.arange(past, past + n)[None]
-        rows = self.padded_rows(n)
+        rows, hidden = max(n, MIN_ROWS), self.padded_rows(n)  # the attention's rows, the other layers' rows
         if past + rows > self.positions:
             raise SpecbenchError(f"model.backend=onnxruntime: a call reaching {past + rows} tokens is past the model's "
                                  f"{self.positions} positions, where the builder's rotary tables end; keep prompts, "
                                  f"answers and eval.profile_contexts within them")
         ids, positions = input_ids.to(torch.long), position_ids.to(torch.long)
+        if hidden > n:  # a pad row through every layer
+            ids = torch.cat([ids, ids[:, -1:].expand(1, hidden - n)], 1)
         if rows > n:  # a pad row: the last row again one position on, seeing every row; its outputs are dropped
-            ids = torch.cat([ids, ids[:, -1:].expand(1, rows - n)], 1)
             positions = torch.cat([positions, positions[:, -1:] + torch.arange(1, rows - n + 1)[None]], 1)
+        attention_rows = torch.cat([torch.arange(hidden), torch.full((rows - hidden,), hidden - 1)])
         buffer = self.buffers.holding(cache, past + rows)
         buffer.take(cache, past)
         # a chain's mask (none given) is GroupQueryAttention's own causal one; a tree's keeps each row from the rows
@@ -110,10 +137,11 @@ class OnnxRuntimeForward(GraphForward):
             mask = torch.cat([torch.cat([mask, mask.new_zeros(n, rows - n)], 1), mask.new_ones(rows - n, past + rows)])
             bias[0, 0].masked_fill_(~mask, NEGATIVE)
         keep = kept_rows(logits_to_keep, n)
-        projected = _projected(keep, rows)
+        projected = keep if self.attention_pad else _projected(keep, rows)
         logits = torch.empty(1, len(projected), self.vocab)
         binding = buffer.binding
         inputs = {"input_ids": ids, "position_ids": positions, "attention_bias": bias, "logits_rows": projected,
+                  "attention_rows": attention_rows, "attention_kept": torch.arange(hidden),
                   "attention_mask": torch.ones(1, past + rows, dtype=torch.long)}
         arrays = {name: np.ascontiguousarray(value.numpy()) for name, value in inputs.items()}  # alive through the run
         for name, array in arrays.items():

@@ -24,7 +24,7 @@ from specbench.trees.token_tree import TokenTree
 from specbench.verification import commit_path, new_cache, verified_tree, verify_tree
 
 CONTEXTS = (30, 250)  # a short prompt and one past the first buckets and static shapes a backend pads to
-CHAINS = (2, 4, 8, 16)
+CHAINS = (2, 3, 4, 8, 16)  # an odd count too: a kernel that runs rows in pairs runs a lone last row otherwise
 # a branched tree of 8 nodes, 4 deep, as a drafter proposes (two children at the root and at a few nodes below)
 TREE_PARENTS = (-1, 0, 0, 1, 1, 2, 3, 5)
 # float rounding: a row's logits within this many units in the last place of the dtype, at the logits' own scale,
