@@ -32,7 +32,8 @@ from specbench.execution.graph_forward import GraphForward
 from specbench.models.shape import head_dim
 
 MIN_ROWS = 2
-PROBE_CONTEXTS = (30, 250)  # the machine's row check's contexts (hardware/measured/row_invariance.py)
+PROBE_CONTEXTS = (30, 250)  # the machine's row check's CONTEXTS (hardware/measured/row_invariance.py, a layer above
+# this one, which may not be imported here)
 NEGATIVE = float(torch.finfo(torch.float32).min)  # a masked key's bias: its weight is an exact 0
 
 
@@ -76,7 +77,7 @@ class OnnxRuntimeForward(GraphForward):
         self.positions = model.config.max_position_embeddings
         self.shape = (2 * self.layers, model.config.num_key_value_heads, head_dim(model.config))
         self.buffers = CacheBuffers(self.shape, functools.partial(OnnxRuntimeBuffer, self.session))
-        self.attention_pad = True
+        self.attention_pad = True  # the mode the probe runs, then the probe's verdict
         self.attention_pad = self._lone_row_kept()
 
     def padded_rows(self, n: int) -> int:
