@@ -18,13 +18,12 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from specbench.decoding import Decoder, Generation, StepRecord, output_row
+from specbench.decoding import Decoder, Generation, StepRecord, output_row, path_rows
 from specbench.drafters.base import DecodeState, Drafter, StepOutcome
 from specbench.errors import SpecbenchError
 from specbench.trees.policy import TreePolicy
 from specbench.trees.token_tree import TokenTree
-from specbench.verification import (VerifyOutput, cache_bytes, commit_batch, keep_sequences, prefill_batch,
-                                    verify_batch)
+from specbench.verification import cache_bytes, commit_batch, keep_sequences, prefill_batch, verify_batch
 
 
 def validate_batch_size(batch_size) -> int:
@@ -153,7 +152,7 @@ class BatchDecoder(Decoder):
                 committed[i] = n
                 new_tokens.append(tree.tokens[acc.path[1:]].tolist() + [acc.next_token])
                 states[i].tokens.extend(new_tokens[-1])
-                states[i].last = VerifyOutput(vout.logits[acc.path], vout.hidden[acc.path] if want_hidden else None)
+                states[i].last = path_rows(vout, acc.path)
             for k, (i, tree, vout, acc) in enumerate(zip(live, trees, vouts, accs)):
                 drafting[k].append(timer.mark())
                 drafters[i].observe(StepOutcome(tree, acc.path, acc.next_token, vout))
@@ -164,7 +163,7 @@ class BatchDecoder(Decoder):
             for k, (i, tree, vout, acc) in enumerate(zip(live, trees, vouts, accs)):
                 gen = gens[i]
                 gen.tokens.extend(new_tokens[k])
-                self._log_probs(gen, vout.logits[acc.path], new_tokens[k])
+                self._log_probs(gen, states[i].last.logits, new_tokens[k])
                 gen.kv_peak_bytes = max(gen.kv_peak_bytes, share + drafters[i].cache_bytes())
                 rows_i = len(tree) + (0 if extras[k] is None else len(extras[k][1]))
                 gen.steps.append(StepRecord(rows_i, int(tree.depths.max()), acc.accepted, draft_time=draft_times[k],

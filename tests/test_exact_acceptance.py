@@ -36,3 +36,17 @@ def test_emitted_tokens_follow_the_target_distribution():
     assert (first / n - p[0]).abs().sum() / 2 < tv_bound(n, vocab)
     m = int(second_after_0.sum())
     assert (second_after_0 / m - p[1]).abs().sum() / 2 < tv_bound(m, vocab)
+
+
+def test_greedy_tokens_is_torch_argmax_with_ties_nan_and_views():
+    """The numpy argmax the decode loop takes on a CPU gives torch.argmax's choice: the first of equal maxima, a NaN
+    as the maximum, on a 1D row, rows, a strided view, and a non-float32 tensor (torch's own)."""
+    from specbench.sampling import greedy_tokens
+
+    logits = torch.randn(5, 50, generator=torch.Generator().manual_seed(1))
+    logits[1, 7] = logits[1, 30] = logits[1].max() + 1  # a tie: the first wins
+    logits[2, 11] = float("nan")
+    logits[3] = 0.0
+    for case in (logits, logits[0], logits[:, ::2], logits.T, logits.double()):
+        assert torch.equal(greedy_tokens(case), case.argmax(-1))
+    assert greedy_tokens(logits)[1] == 7 and greedy_tokens(logits)[2] == 11

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from specbench.acceptance.base import Acceptance, AcceptanceRule
-from specbench.sampling import SamplingParams
+from specbench.sampling import SamplingParams, greedy_tokens
 from specbench.trees.token_tree import TokenTree
 
 
@@ -21,7 +21,7 @@ class ExactAcceptance(AcceptanceRule):
                generator: torch.Generator | None = None) -> Acceptance:
         tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
         if sampling.greedy:  # one argmax over all rows beats one per visited node
-            choices = logits.argmax(-1).tolist()
+            choices = greedy_tokens(logits).tolist()
             choose = choices.__getitem__
         else:
             choose = lambda node: sampling.sample(logits[node], generator)  # noqa: E731

@@ -26,9 +26,14 @@ class CacheBuffer:
         self.layers = self.memory.unbind(0)
         # each layer's address and strides, read once: a cache's layers are checked against them on every call
         self._slots = [(t.data_ptr(), t.stride()) for t in self.layers]
+        self.viewed: tuple = ()  # the views view_layers last gave a cache's layers
 
     def holds(self, cache) -> bool:
-        """Whether every layer of `cache` views this buffer's leading slots (its rows lie where the runtime reads)."""
+        """Whether every layer of `cache` views this buffer's leading slots (its rows lie where the runtime reads):
+        at once where the layers are still the views view_layers gave them (every one-row step), else by address."""
+        if len(self.viewed) == 2 * len(cache.layers) and all(
+                t is view for t, view in zip(layer_tensors(cache), self.viewed)):
+            return True
         return all(t.data_ptr() == address and t.stride() == strides
                    for t, (address, strides) in zip(layer_tensors(cache), self._slots))
 
@@ -64,7 +69,7 @@ def view_layers(cache: DynamicCache, buffer, length: int, layers: int) -> None:
     (experiments/openvino_engine_speed, parity_sdopenvino)."""
     if cache.layer_class_to_replicate is not None:
         cache.layers.extend(cache.layer_class_to_replicate() for _ in range(layers - len(cache.layers)))
-    views = buffer.memory[:, :, :, :length].unbind(0)
+    views = buffer.viewed = buffer.memory[:, :, :, :length].unbind(0)
     for layer, keys, values in zip(cache.layers, views[0::2], views[1::2]):
         if not layer.is_initialized:
             layer.lazy_initialization(keys, values)

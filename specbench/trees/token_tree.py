@@ -44,6 +44,7 @@ class TokenTree:
                 )
             depths[i] = depths[p] + 1
         self.depths = torch.tensor(depths, dtype=torch.long)
+        self._chain = parents == list(range(-1, n - 1))  # read two or three times a step: kept, not recomputed
         if self.draft_probs is not None and self.draft_probs.shape[0] != n:
             raise SpecbenchError(f"TokenTree draft_probs has {self.draft_probs.shape[0]} rows for {n} nodes")
 
@@ -59,7 +60,7 @@ class TokenTree:
     @property
     def is_chain(self) -> bool:
         """A chain's tree mask is the causal mask, so verification can let the model build it."""
-        return bool((self.parents == torch.arange(-1, len(self) - 1)).all())
+        return self._chain
 
     def first_path(self) -> "TokenTree":
         """The chain from the root through each node's first child (a best-first tree's best-ranked one), with its

@@ -115,38 +115,36 @@ class OnnxRuntimeForward(GraphForward):
                                  f"runs on another backend")
         cache = past_key_values if past_key_values is not None else DynamicCache(config=self.config)
         past = cache.get_seq_length()
-        if position_ids is None:
-            position_ids = torch.arange(past, past + n)[None]
         rows, hidden = max(n, MIN_ROWS), self.padded_rows(n)  # the attention's rows, the other layers' rows
         if past + rows > self.positions:
             raise SpecbenchError(f"model.backend=onnxruntime: a call reaching {past + rows} tokens is past the model's "
                                  f"{self.positions} positions, where the builder's rotary tables end; keep prompts, "
                                  f"answers and eval.profile_contexts within them")
-        ids, positions = input_ids.to(torch.long), position_ids.to(torch.long)
+        # the inputs are built in numpy, which ONNX Runtime binds without a copy: torch's small ops and conversions
+        # were a visible share of a one-row step's Python
+        ids = input_ids.numpy().astype(np.int64)
         if hidden > n:  # a pad row through every layer
-            ids = torch.cat([ids, ids[:, -1:].expand(1, hidden - n)], 1)
-        if rows > n:  # a pad row: the last row again one position on, seeing every row; its outputs are dropped
-            positions = torch.cat([positions, positions[:, -1:] + torch.arange(1, rows - n + 1)[None]], 1)
-        attention_rows = torch.cat([torch.arange(hidden), torch.full((rows - hidden,), hidden - 1)])
+            ids = np.concatenate([ids, np.repeat(ids[:, -1:], hidden - n, 1)], 1)
+        positions = (np.arange(past, past + rows) if position_ids is None else
+                     # a pad row: the last row again one position on, seeing every row; its outputs are dropped
+                     np.concatenate([position_ids.numpy()[0], position_ids.numpy()[0, -1] + np.arange(1, rows - n + 1)]))
         buffer = self.buffers.holding(cache, past + rows)
         buffer.take(cache, past)
         # a chain's mask (none given) is GroupQueryAttention's own causal one; a tree's keeps each row from the rows
         # that are not its ancestors
-        bias = torch.zeros(1, 1, rows, past + rows)
+        bias = np.zeros((1, 1, rows, past + rows), np.float32)
         if attention_mask is not None:
-            mask = full_mask(attention_mask, 1, n, past)[0, 0]
-            mask = torch.cat([torch.cat([mask, mask.new_zeros(n, rows - n)], 1), mask.new_ones(rows - n, past + rows)])
-            bias[0, 0].masked_fill_(~mask, NEGATIVE)
+            bias[0, 0, :n, :past + n][~full_mask(attention_mask, 1, n, past)[0, 0].numpy()] = NEGATIVE
+            bias[0, 0, :n, past + n:] = NEGATIVE
         keep = kept_rows(logits_to_keep, n)
         projected = keep if self.attention_pad else _projected(keep, rows)
         logits = torch.empty(1, len(projected), self.vocab)
         binding = buffer.binding
-        inputs = {"input_ids": ids, "position_ids": positions, "attention_bias": bias, "logits_rows": projected,
-                  "attention_rows": attention_rows, "attention_kept": torch.arange(hidden),
-                  "attention_mask": torch.ones(1, past + rows, dtype=torch.long)}
-        arrays = {name: np.ascontiguousarray(value.numpy()) for name, value in inputs.items()}  # alive through the run
-        for name, array in arrays.items():
-            binding.bind_cpu_input(name, array)
+        inputs = {"input_ids": ids, "position_ids": positions.astype(np.int64)[None], "attention_bias": bias,
+                  "logits_rows": projected.numpy(), "attention_rows": np.minimum(np.arange(rows), hidden - 1),
+                  "attention_kept": np.arange(hidden), "attention_mask": np.ones((1, past + rows), np.int64)}
+        for name, array in inputs.items():  # the arrays stay alive through the run
+            binding.bind_cpu_input(name, np.ascontiguousarray(array))
         binding.bind_output("logits", "cpu", 0, np.float32, tuple(logits.shape), logits.data_ptr())
         self.session.run_with_iobinding(binding)
         view_layers(cache, buffer, past + n, self.layers)
