@@ -7,13 +7,14 @@ cached ones in place and the cache's layers grow by views of them, so nothing is
 by CACHE_STEP tokens, one copy of the rows moving the cache into a larger buffer. verification's commit_path and crop
 work on these views as on any tensor.
 
-Why every attention runs at least two rows: GroupQueryAttention over a cache sums a lone row in another order than
-the rows of a call of two or more (float rounding), which int8 activations grow to tenths of a logit, where a row of a
-call of two or more rows is bitwise the same whatever the other rows (experiments/onnxruntime_verify). So a one-row
-call pads its attention with a second row, which a verify's rows then match bit for bit along a chain. Whether the
-rest of the graph (its int8 products, the LM head) gives a lone row the bits it gives that row among others depends
-on the machine's kernels, so the forward measures it once it loads: where it does, a one-row call runs its other
-layers on its one row; where it does not, it pads the whole call.
+Why every attention runs at least two rows: GroupQueryAttention over a cache sums a lone row in another order than the
+rows of a call of two or more (float rounding: MLAS's SGEMM runs a one-row product by its own kernel and packs the cache
+first for more rows), which int8 activations grow to tenths of a logit, where a row of a call of two or more rows is
+bitwise the same whatever the other rows (experiments/onnxruntime_verify). So a one-row call pads its attention with a
+second row, which a verify's rows then match bit for bit along a chain. Whether the rest of the graph (its int8
+products, the LM head) gives a lone row the bits it gives that row among others depends on the machine's kernels, so the
+forward measures it once it loads: where it does, a one-row call runs its other layers on its one row; where it does
+not, it pads the whole call.
 """
 
 from __future__ import annotations
@@ -125,9 +126,11 @@ class OnnxRuntimeForward(GraphForward):
         ids = input_ids.numpy().astype(np.int64)
         if hidden > n:  # a pad row through every layer
             ids = np.concatenate([ids, np.repeat(ids[:, -1:], hidden - n, 1)], 1)
-        positions = (np.arange(past, past + rows) if position_ids is None else
-                     # a pad row: the last row again one position on, seeing every row; its outputs are dropped
-                     np.concatenate([position_ids.numpy()[0], position_ids.numpy()[0, -1] + np.arange(1, rows - n + 1)]))
+        if position_ids is None:
+            positions = np.arange(past, past + rows)
+        else:  # a pad row: the last row again one position on, seeing every row; its outputs are dropped
+            given = position_ids.numpy()[0]
+            positions = np.concatenate([given, given[-1] + np.arange(1, rows - n + 1)])
         buffer = self.buffers.holding(cache, past + rows)
         buffer.take(cache, past)
         # a chain's mask (none given) is GroupQueryAttention's own causal one; a tree's keeps each row from the rows
