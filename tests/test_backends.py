@@ -222,6 +222,28 @@ def test_openvino_reads_each_cache_in_place_and_another_cache_between_its_steps_
     assert buffer.holds(first)  # still read in place
 
 
+def test_a_buffer_holds_a_cache_whose_layers_view_it_and_no_other():
+    """The runtimes' cache buffer (execution/cache_views.py) reads a cache in place only where every layer views its
+    slots: its own views at once, a crop of them by address, and not a cache with one layer moved elsewhere or
+    another cache's layers."""
+    from transformers import LlamaConfig
+
+    from specbench.execution.cache_views import CacheBuffer, view_layers
+
+    config = LlamaConfig(num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=2, hidden_size=8)
+    buffer = CacheBuffer((6, 2, 4), 16)
+    cache, other = DynamicCache(config=config), DynamicCache(config=config)
+    view_layers(cache, buffer, 5, 3)
+    assert buffer.holds(cache) and cache.get_seq_length() == 5
+    cache.crop(-2)
+    assert buffer.holds(cache) and cache.get_seq_length() == 3
+    view_layers(other, CacheBuffer((6, 2, 4), 16), 5, 3)
+    assert not buffer.holds(other)
+    view_layers(cache, buffer, 4, 3)
+    cache.layers[2].values = cache.layers[2].values.clone()
+    assert not buffer.holds(cache)
+
+
 @pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed")
 def test_openvino_verifies_past_a_cache_step_and_keeps_only_the_logits_and_hidden_states_asked_for(tiny, fast):
     """A cache outgrowing its buffer (CACHE_STEP tokens) moves into a larger one once and decodes on; a tree verify

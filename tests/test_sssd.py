@@ -11,7 +11,7 @@ import pytest
 from pydivsufsort import divsufsort
 
 from specbench.acceptance import ExactAcceptance
-from specbench.data.datastore import Datastore, count_trie, spread
+from specbench.data.datastore import Datastore, TrieNode, count_trie, spread
 from specbench.decoding import Decoder
 from specbench.drafters.plain import PlainDrafter
 from specbench.drafters.base import DecodeState
@@ -125,6 +125,29 @@ def test_match_range_finds_exactly_the_suffixes_starting_with_the_pattern(dtype)
 def test_samples_spread_over_the_match_range():
     assert spread(10, 5).tolist() == [0, 2, 4, 6, 8] and spread(3, 5).tolist() == [0, 1, 2]
     assert flat(count_trie([[1, 2], [1, 3], [1, 9, 4]], stop=9)) == {(1,): 3, (1, 2): 1, (1, 3): 1}
+
+
+def test_a_trie_of_repeated_rows_is_the_row_by_row_trie_in_the_same_order():
+    """Equal rows are walked once with their count: counts, paths and every level's child order are those of a walk
+    row by row (the best-first draft pops equal scores in that order), stop tokens included."""
+    rng = np.random.default_rng(0)
+    rows = [rng.integers(0, 4, size=3).tolist() for _ in range(12)] * 3 + [[2, 9, 1], [9, 2], [2, 9, 3]]
+    rng.shuffle(rows)
+
+    def by_row(rows, stop):
+        root = {}
+        for row in rows:
+            level = root
+            for token in row:
+                if token == stop:
+                    break
+                node = level.setdefault(token, TrieNode())
+                node.count += 1
+                level = node.children
+        return root
+
+    for stop in (None, 9, 2):
+        assert list(flat(count_trie(rows, stop=stop)).items()) == list(flat(by_row(rows, stop)).items())
 
 
 @pytest.mark.parametrize("sources", [["input"], ["datastore"], ["input", "datastore"]])

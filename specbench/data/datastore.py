@@ -20,6 +20,7 @@ import json
 import logging
 import time
 import zipfile
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -44,15 +45,19 @@ class TrieNode:
 
 
 def count_trie(rows: Iterable[Sequence[int]], stop: int | None = None) -> dict[int, TrieNode]:
-    """The children of a prefix: each row is one continuation, read until the `stop` token."""
+    """The children of a prefix: each row is one continuation, read until the `stop` token. Equal rows are walked once
+    with their count (rows sampled over a sorted match range repeat; SSSD builds these tries every step), in the order
+    each first appears, so every level keeps its children in the order the rows first reach them."""
     root: dict[int, TrieNode] = {}
-    for row in rows:
+    for row, times in Counter(map(tuple, rows)).items():
         level = root
         for token in row:
             if token == stop:
                 break
-            node = level.setdefault(token, TrieNode())
-            node.count += 1
+            node = level.get(token)
+            if node is None:
+                node = level[token] = TrieNode()
+            node.count += times
             level = node.children
     return root
 
