@@ -193,8 +193,8 @@ class Decoder:
 
 def path_rows(out: VerifyOutput, path: list[int]) -> VerifyOutput:
     """A forward's outputs at an accepted path's rows, as state.last holds them: a chain's path is its first rows,
-    taken as a view, where indexing by the list would copy a vocabulary-wide row per node every step (57 us a row on
-    a 49k vocabulary, a share of a small model's step)."""
+    taken as a view, where indexing by the list would copy a vocabulary-wide row per node every step, a share of a
+    small model's step (experiments/onnxruntime_verify)."""
     rows = slice(0, len(path)) if path == list(range(len(path))) else path
     return VerifyOutput(out.logits[rows], None if out.hidden is None else out.hidden[rows])
 

@@ -57,8 +57,8 @@ class SamplingParams:
 
 def greedy_tokens(logits: torch.Tensor) -> torch.Tensor:
     """Each row's argmax, the first of equal maxima (a NaN counts as the maximum), as torch.argmax gives it. On a CPU
-    float32 tensor numpy's argmax computes it: torch's (2.13, one thread) takes 100 us over one 49k-token vocabulary
-    row and 290 over four, numpy's 8 and 14; on a small model's step that is one or two percent, paid every step."""
+    float32 tensor numpy's argmax computes it: torch's CPU argmax over a vocabulary row is an order of magnitude
+    slower, a visible share of a small model's step, paid every step (experiments/onnxruntime_verify)."""
     if logits.device.type == "cpu" and logits.dtype == torch.float32:
         return torch.from_numpy(np.asarray(np.argmax(logits.numpy(), -1)))
     return logits.argmax(-1)

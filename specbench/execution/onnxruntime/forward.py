@@ -146,8 +146,10 @@ class OnnxRuntimeForward(GraphForward):
         inputs = {"input_ids": ids, "position_ids": positions.astype(np.int64)[None], "attention_bias": bias,
                   "logits_rows": projected.numpy(), "attention_rows": np.minimum(np.arange(rows), hidden - 1),
                   "attention_kept": np.arange(hidden), "attention_mask": np.ones((1, past + rows), np.int64)}
-        for name, array in inputs.items():  # the arrays stay alive through the run
-            binding.bind_cpu_input(name, np.ascontiguousarray(array))
+        # bound by address: the dict keeps every array (a contiguous copy included) alive through the run
+        arrays = {name: np.ascontiguousarray(array) for name, array in inputs.items()}
+        for name, array in arrays.items():
+            binding.bind_cpu_input(name, array)
         binding.bind_output("logits", "cpu", 0, np.float32, tuple(logits.shape), logits.data_ptr())
         self.session.run_with_iobinding(binding)
         view_layers(cache, buffer, past + n, self.layers)
