@@ -97,6 +97,6 @@ def test_the_default_run_compares_plain_decoding_pld_and_sssd_with_the_installed
     assert entries == ["pld", "sssd"] and default.eval.max_new_tokens >= 64
     assert list(default.eval.engines) == ["installed"]
     # on the engines' weight format, among the deployed runtimes; a named method keeps the model's float default
-    assert default.model.weights == "int4" and set(default.eval.profile_backends) == {"openvino", "onnxruntime"}
+    assert default.model.weights == "int4" and {"openvino", "onnxruntime"} <= set(default.eval.profile_backends)
     assert named.model.weights == "fp"
     assert named.methods is None and named.method.name == "medusa" and list(named.eval.engines) == []

@@ -55,12 +55,14 @@ class FakeEngine(Engine):
 def build_fake(mode, ctx):
     if mode == "broken":
         raise EngineUnavailable("it died of SIGSEGV in a probe subprocess")
+    if mode == "refuses":  # what an exporter says of a model only its loaded config shows it cannot run
+        raise SpecbenchError("eval.engines entry 'fake:refuses' cannot export model tiny_random: its layers slide")
     return FakeEngine(mode, ctx)
 
 
 @pytest.fixture
 def fake(monkeypatch):
-    kind = registry.EngineKind("json", "fake-engine", (PLAIN, "lossy", "broken"), f"{__name__}:build_fake")
+    kind = registry.EngineKind("json", "fake-engine", (PLAIN, "lossy", "broken", "refuses"), f"{__name__}:build_fake")
     monkeypatch.setitem(registry.ENGINES, "fake", kind)
     CALLS["n"], VERSION["v"] = 0, "1.0"
 
@@ -134,6 +136,22 @@ def test_an_engine_that_cannot_run_here_is_left_out_in_one_line(tmp_path, fake, 
     assert list(summary["method"]) == ["plain", "pld", "fake"]
     assert "eval.engines entry 'fake:broken' is left out: it died of SIGSEGV in a probe subprocess" in \
         capsys.readouterr().out
+
+
+def test_an_engine_the_user_did_not_name_is_left_out_where_the_loaded_model_shows_it_cannot_run(tmp_path, fake,
+                                                                                                 capsys):
+    """A model whose config is read only once loaded (model.path=assemble:...) reaches an engine's own check after the
+    load: an engine `installed` named is left out in one line there, as before the load; one the user named stops."""
+    from specbench.evaluation.engines import build_engines
+
+    cfg, target = compose_cfg(FAST, tmp_path), tiny_random(dtype="float32")
+    implied, named = (registry.EngineEntry("fake:refuses", "fake", "refuses", implied) for implied in (True, False))
+    assert [b.entry.label for b in build_engines(cfg, [implied, registry.EngineEntry("fake", "fake", PLAIN, True)],
+                                                 target, target)] == ["fake"]
+    assert "eval.engines entry 'fake:refuses' is left out: eval.engines entry 'fake:refuses' cannot export model " \
+           "tiny_random: its layers slide" in capsys.readouterr().out
+    with pytest.raises(SpecbenchError, match="cannot export model tiny_random: its layers slide"):
+        build_engines(cfg, [named], target, target)
 
 
 def test_transformers_engines_agree_with_our_plain_decoding_in_fp32(tmp_path):

@@ -89,6 +89,33 @@ def test_a_quantised_execution_slower_at_both_ends_is_recorded_not_measured(tiny
     assert len(measuring) == 4  # the reason counts as known: nothing is measured again
 
 
+def test_the_own_graph_routes_refuse_a_sliding_window_cache_and_a_profile_of_nothing_is_one_line(tiny, measuring,
+                                                                                                    capsys):
+    """The openvino and onnxruntime routes keep one growing buffer per layer, which a sliding window's ring is not:
+    the profile records why for a model with such layers (Gemma 3), auto then chooses among the rest, and a profile
+    left with no execution at all says so in one line, naming the way out."""
+    import dataclasses
+
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    config = Gemma3TextConfig(vocab_size=256, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                              num_attention_heads=2, num_key_value_heads=1, head_dim=16, sliding_window=512,
+                              layer_types=["sliding_attention", "full_attention"])
+    sliding = dataclasses.replace(tiny, name="tiny_sliding", model=Gemma3ForCausalLM(config).eval())
+    profile = load_or_measure_profile(sliding, dtypes=["float32"], sizes=SIZES, contexts=CONTEXTS, repeats=1,
+                                      backends=["onnxruntime", "openvino", "eager"])
+    assert set(profile.executions) == {("eager", "float32", "fp")}
+    for backend in ("onnxruntime", "openvino"):
+        assert profile.machine["unsupported"][f"{backend}/float32"] == (
+            "its layers are full_attention, sliding_attention, and this route keeps full-attention caches only")
+    with pytest.raises(SpecbenchError, match=r"^the machine profile of tiny_sliding has no execution this machine can "
+                                             r"run \(onnxruntime/float32/int8, openvino/float32/int8: its layers are "
+                                             r".*\); add one that can to eval.profile_backends \(e.g. eager\)"):
+        load_or_measure_profile(sliding, dtypes=["float32"], sizes=SIZES, contexts=CONTEXTS, repeats=1,
+                                backends=["onnxruntime", "openvino"], weights=["int8"])
+    assert load(tiny).executions  # a full-attention model is untouched
+
+
 def test_a_longer_run_adds_a_context_and_each_executions_grid_stays_whole(tiny, measuring):
     """A first look measures short contexts at small sizes; a later run needing a longer context (at fewer sizes)
     measures it at every size cached too: a grid missing (n, context) pairs could not be read back."""

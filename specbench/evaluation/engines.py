@@ -131,7 +131,8 @@ def _check_draft_options(cfg, engine: str) -> None:
 
 def build_engines(cfg, entries: list[EngineEntry], target: LoadedModel, loaded: LoadedModel) -> list[BuiltEngine]:
     """target: eager, in the dtype and weights of the run's fastest plain decoding; loaded: as loaded. An engine this
-    machine cannot run (EngineUnavailable) is left out with its reason in one line."""
+    machine cannot run (EngineUnavailable), or one the user did not name that cannot run this model (a config read
+    only once loaded), is left out with its reason in one line."""
     options = OmegaConf.to_container(cfg.eval.engine_options, resolve=True)
     ctx = EngineContext(target, loaded, str(cfg.model.get("path") or ""), int(cfg.eval.max_new_tokens), options,
                         int(options.get("threads") or torch.get_num_threads()))
@@ -139,7 +140,9 @@ def build_engines(cfg, entries: list[EngineEntry], target: LoadedModel, loaded: 
     for entry in entries:
         try:
             built.append(BuiltEngine(entry, builder(entry)(entry.mode, ctx)))
-        except EngineUnavailable as exc:
+        except (EngineUnavailable, SpecbenchError) as exc:
+            if not (entry.implied or isinstance(exc, EngineUnavailable)):
+                raise
             log.warning("eval.engines entry '%s' is left out: %s", entry.label, exc)
             print(f"eval.engines entry '{entry.label}' is left out: {exc}")
     return built

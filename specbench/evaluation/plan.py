@@ -90,12 +90,13 @@ def request(cfg, overrides: list[str] | None = None) -> Request:
     profile_backends = check_profile_backends(cfg.eval.profile_backends)
     weights, _ = run_weights(cfg)  # model.weights, model.group_size and eval.profile_weights
     check_backend_weights(cfg.model.get("weights", "fp"), cfg.model.backend)
-    if cfg.model.backend == OPENVINO:  # what the exporter cannot do, said before the model loads
+    if cfg.model.backend in (OPENVINO, ONNXRUNTIME):  # what the route cannot run, said before the model loads
         path = cfg.model.get("path")
         config = read_config(str(cfg.model.get("name", "model")), path) if isinstance(path, str) else None
-        check_openvino(cfg.eval.dtype, weights, config, cfg.eval.batch_size)
-    if cfg.model.backend == ONNXRUNTIME:
-        check_onnxruntime(cfg.eval.dtype, weights, cfg.eval.batch_size)
+        if cfg.model.backend == OPENVINO:
+            check_openvino(cfg.eval.dtype, weights, config, cfg.eval.batch_size)
+        else:
+            check_onnxruntime(cfg.eval.dtype, weights, cfg.eval.batch_size, config)
     for text in cfg.eval.get("plain_executions") or []:
         Execution.parse(text, cfg.model.get("group_size", 32))
     sampling = SamplingParams(**cfg.sampling)

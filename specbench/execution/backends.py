@@ -32,6 +32,7 @@ from specbench.errors import SpecbenchError
 from specbench.execution import graphs, onnxruntime, openvino
 from specbench.execution.linears import fuse_projections, replace_linears
 from specbench.models.loading import LoadedModel
+from specbench.models.shape import cache_problem
 
 BACKENDS = ("eager", "prepacked", "compile", "openvino", "onnxruntime", graphs.GRAPHS)
 OPENVINO = "openvino"
@@ -59,9 +60,12 @@ def check_profile_backends(names) -> list[str]:
     return names
 
 
-def supported(backend: str, dtype: torch.dtype, device: torch.device) -> str | None:
-    """None when `backend` can run `dtype` on `device`, else why not (one line)."""
+def supported(backend: str, dtype: torch.dtype, device: torch.device, config=None) -> str | None:
+    """None when `backend` can run `dtype` on `device` (and the model of `config`, when given), else why not (one
+    line)."""
     check_backend(backend)
+    if backend in OWN_GRAPH and config is not None and cache_problem(config):
+        return cache_problem(config)
     if backend == OPENVINO:
         return openvino.unsupported(dtype, device)
     if backend == ONNXRUNTIME:

@@ -74,6 +74,17 @@ def head_dim(config) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // getattr(config, "num_attention_heads", 1)
 
 
+def cache_problem(config) -> str | None:
+    """Why a route that keeps each layer's keys and values in one growing buffer (the openvino and onnxruntime
+    routes: execution/cache_views.py) cannot hold this model's cache, None when it can: layers of another kind than
+    full attention (a sliding window keeps a ring of its last tokens, which such a buffer does not)."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
+    if kinds != {"full_attention"}:
+        return f"its layers are {', '.join(sorted(kinds))}, and this route keeps full-attention caches only"
+    return None
+
+
 def linear_input_widths(config) -> list[int]:
     """The input widths of a decoder layer's linears (hidden: q/k/v and gate/up; heads x head width: o; intermediate:
     down): what an int4 group must divide."""

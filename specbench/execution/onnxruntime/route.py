@@ -12,6 +12,7 @@ from specbench.errors import SpecbenchError
 from specbench.execution.onnxruntime.export import BuildFailed, export
 from specbench.execution.onnxruntime.forward import OnnxRuntimeForward
 from specbench.models.loading import LoadedModel
+from specbench.models.shape import cache_problem
 
 # model.weights -> the builder's precision: fp keeps float32 weights; int4 goes in groups of model.group_size
 BUILDER_FORMATS = {"fp": "fp32", "int8": "int8"}
@@ -37,10 +38,11 @@ def weights_problem(weights: str) -> str | None:
     return None
 
 
-def check_run(dtype: str, weights: str, batch_size: int = 1) -> None:
+def check_run(dtype: str, weights: str, batch_size: int = 1, config=None) -> None:
     """model.backend=onnxruntime's settings, before any model loads: installed, float32 (or auto) activations, the
-    builder's weights, batch 1."""
-    reason = unsupported(torch.float32, torch.device("cpu"), weights)
+    builder's weights, batch 1, full-attention layers when the model's config is known."""
+    reason = unsupported(torch.float32, torch.device("cpu"), weights) or (
+        cache_problem(config) if config is not None else None)
     if reason:
         raise SpecbenchError(f"model.backend=onnxruntime with model.weights={weights}: {reason}")
     if dtype not in ("float32", "auto"):
@@ -59,6 +61,9 @@ def builder_format(weights: str) -> str:
 def with_onnxruntime(target: LoadedModel, weights: str) -> LoadedModel:
     """`target`'s float weights built (once per machine) into ONNX Runtime GenAI's model in `weights`, run with
     PyTorch's thread count."""
+    problem = cache_problem(target.model.config)
+    if problem:
+        raise SpecbenchError(f"model.backend=onnxruntime cannot run {target.name}: {problem}")
     if target.weights != "fp" or target.backend != "eager":
         raise SpecbenchError(f"model.backend=onnxruntime builds from the float weights itself; it was given a target "
                              f"with weights {target.weights} on backend {target.backend}: give it the eager float model")

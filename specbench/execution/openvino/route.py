@@ -18,6 +18,7 @@ from specbench.execution.openvino.forward import ROW_INVARIANT_MIN_ROWS, OpenVin
 from specbench.execution.openvino.settings import OWN_FORMATS, group_problem, unsupported
 from specbench.execution.row_claims import BITWISE, DIFFERS, ROUNDING
 from specbench.models.loading import LoadedModel, with_dtype
+from specbench.models.shape import cache_problem
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +29,9 @@ def with_openvino(target: LoadedModel, weights: str) -> LoadedModel:
     reason = unsupported(torch.float32, next(target.model.parameters()).device, weights)
     if reason:
         raise SpecbenchError(f"model.backend=openvino cannot run here: {reason}")
+    problem = cache_problem(target.model.config)
+    if problem:
+        raise SpecbenchError(f"model.backend=openvino cannot run {target.name}: {problem}")
     problem = group_problem(target.model.config, weights)
     if problem:
         raise SpecbenchError(f"model.backend=openvino cannot compress {target.name} to {weights}: {problem}")

@@ -8,7 +8,7 @@ import math
 import torch
 
 from specbench.errors import SpecbenchError
-from specbench.models.shape import linear_input_widths
+from specbench.models.shape import cache_problem, linear_input_widths
 
 INSTALL = "a core dependency: pip install -e . installs it"
 # the formats that are OpenVINO's own (its dynamic quantisation of activations), each compiling the int4 IR:
@@ -36,8 +36,10 @@ def unsupported(dtype: torch.dtype, device: torch.device, weights: str = "fp") -
 
 def check_run(dtype: str, weights: str, config=None, batch_size: int = 1) -> None:
     """model.backend=openvino's settings, before any model loads: installed, float32 (or auto) activations, weights
-    NNCF compresses, an int4 group dividing the model's widths when its config is known, batch 1 for w4a8r."""
-    reason = unsupported(torch.float32, torch.device("cpu"), weights) or group_problem(config, weights)
+    NNCF compresses, an int4 group dividing the model's widths and full-attention layers when its config is known,
+    batch 1 for w4a8r."""
+    reason = (unsupported(torch.float32, torch.device("cpu"), weights) or group_problem(config, weights)
+              or (cache_problem(config) if config is not None else None))
     if reason:
         raise SpecbenchError(f"model.backend=openvino with model.weights={weights}: {reason}")
     if dtype not in ("float32", "auto"):

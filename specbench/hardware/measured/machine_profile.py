@@ -294,7 +294,8 @@ def _measure_profile(target: LoadedModel, path: Path, dtypes, sizes, contexts, r
                 label = Execution(backend, name, fmt).label
                 unsupported.pop(label, None)
                 why = ((reason if backend not in OWN_GRAPH else None)  # these quantise them themselves: their say
-                       or supported(backend, torch_dtype(name), device) or weights_supported(fmt, device, backend))
+                       or supported(backend, torch_dtype(name), device, target.model.config)
+                       or weights_supported(fmt, device, backend))
                 if why:
                     unsupported[label] = why
                     print(f"  {label}: not measured: {why}")
@@ -323,6 +324,13 @@ def _measure_profile(target: LoadedModel, path: Path, dtypes, sizes, contexts, r
         del quantised
     machine = {**machine_info(), "loadavg_1min": [load_before, os.getloadavg()[0]], "cpus": os.cpu_count(),
                "unsupported": unsupported}
+    asked = {Execution(b, d, w).label for w in weights for d in dtypes for b in backends}
+    if not asked & {Execution(*e).label for f in frames for e in zip(f["backend"], f["dtype"], f["weights"])}:
+        refusals = {label: why for label, why in unsupported.items() if label in asked}
+        by_reason = {why: [label for label, w in refusals.items() if w == why] for why in refusals.values()}
+        refused = "; ".join(f"{', '.join(labels)}: {why}" for why, labels in by_reason.items())
+        raise SpecbenchError(f"the machine profile of {target.name} has no execution this machine can run ({refused}); "
+                             f"add one that can to eval.profile_backends (e.g. eager) or eval.profile_weights (fp)")
     columns = ["backend", "dtype", "weights", "context", "tokens", "ms"]
     latency = pd.concat(frames, ignore_index=True)[columns].drop_duplicates(  # a point measured anew replaces its old
         ["backend", "dtype", "weights", "context", "tokens"], keep="last").reset_index(drop=True)
