@@ -479,6 +479,21 @@ def test_backends_refuse_what_they_cannot_run_in_one_line(tiny):
         with_backend(with_dtype(tiny, "bfloat16"), "prepacked")
 
 
+def test_auto_falls_back_to_eager_only_where_no_backend_asked_for_can_run_the_model(tiny):
+    """The own-graph routes keep one growing buffer per layer: a Gemma 3 (sliding-window layers) runs on neither, so
+    model.backend=auto measures eager for it; a full-attention model keeps the list it was given."""
+    from transformers import Gemma3TextConfig
+
+    from specbench.execution.backends import or_eager
+
+    cpu, own = torch.device("cpu"), ["onnxruntime", "openvino"]
+    sliding = Gemma3TextConfig(layer_types=["sliding_attention", "full_attention"], num_hidden_layers=2)
+    assert "sliding_attention" in supported("onnxruntime", torch.float32, cpu, sliding)
+    assert or_eager(own, cpu, sliding) == [*own, "eager"]
+    assert or_eager(own, cpu, tiny.model.config) == own
+    assert supported("onnxruntime", torch.float32, cpu, tiny.model.config) is None
+
+
 def test_a_draft_sliced_from_the_eager_target_runs_on_the_backend_and_stays_lossless(tiny, fast):
     """build_drafter slices the early-exit draft from the eager model, then runs it on the run's backend."""
     from specbench.config import build

@@ -34,7 +34,7 @@ from specbench.hardware.modelled.roofline import roofline_step_time
 from specbench.hardware.modelled.spec import MEASURED, HardwareSpec
 from specbench.execution.attention import attention_tag
 from specbench.execution.backends import (ONNXRUNTIME, OPENVINO, OWN_GRAPH, check_backend, check_profile_backends,
-                                         with_backend)
+                                         or_eager, with_backend)
 from specbench.execution.onnxruntime import check_run as check_onnxruntime
 from specbench.execution.value import Execution
 from specbench.execution.openvino import OWN_FORMATS, check_run as check_openvino
@@ -119,7 +119,7 @@ def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Pat
     # measure what the run's own choices need: the backends auto or the fastest plain decoding choose among, with
     # a named backend beside them (the run executes it); every dtype only where auto or the fastest one chooses
     if backend == AUTO:
-        backends = req.profile_backends
+        backends = or_eager(req.profile_backends, loaded.model.device, loaded.model.config)
     else:
         backends = list(dict.fromkeys([*req.profile_backends, backend])) if cfg.eval.fastest_plain else [backend]
     dtypes = None if cfg.eval.dtype == AUTO or cfg.eval.fastest_plain else [cfg.eval.dtype]

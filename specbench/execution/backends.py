@@ -60,6 +60,14 @@ def check_profile_backends(names) -> list[str]:
     return names
 
 
+def or_eager(backends: list[str], device: torch.device, config) -> list[str]:
+    """`backends` for model.backend=auto to choose among, with eager added where none of them can run this model at
+    all (the own-graph routes refuse a sliding-window cache): transformers' own forward runs every model."""
+    if all(supported(b, torch.float32, device, config) for b in backends):
+        return [*backends, "eager"]
+    return list(backends)
+
+
 def supported(backend: str, dtype: torch.dtype, device: torch.device, config=None) -> str | None:
     """None when `backend` can run `dtype` on `device` (and the model of `config`, when given), else why not (one
     line)."""
