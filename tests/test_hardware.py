@@ -410,3 +410,20 @@ def test_a_sized_draft_reads_the_cost_of_the_rows_the_target_pads_a_call_to():
     assert [latency_curve(hw, machine, padded, execution, 128)(n) for n in (3, 5)] == [13.0, 18.0]
     eager = SimpleNamespace(model=SimpleNamespace())
     assert latency_curve(hw, machine, eager, execution, 128)(5) == 15.0
+
+
+def test_a_runtime_running_its_own_graph_is_bounded_without_pytorchs_dispatch_at_the_fastest_multiply():
+    """The run's latency plot prices an openvino or onnxruntime step: hw=cpu's per-layer cost is PyTorch's eager
+    dispatch, and its int4 peak PyTorch's weight-only kernel, neither of which such a runtime runs; with them the
+    roofline of SmolLM2's int4 step lay above the step measured. The bound keeps hw's bandwidth."""
+    from specbench.evaluation.summary import _own_graph_bound
+
+    hw = simple(peak_tflops={"float32": 0.3, "int4": 0.13, "w8a8": 0.45}, mem_bandwidth_gbs=20.0,
+                layer_overhead_ms=0.47)
+    bound = _own_graph_bound(hw)
+    assert bound.layer_overhead_ms == 0.0 and bound.mem_bandwidth_gbs == 20.0
+    assert bound.peak_tflops == {"float32": 0.45, "int4": 0.45, "w8a8": 0.45}
+    shape = named_shape("smollm2_135m")
+    one, four = ([1e3 * roofline_step_time(shape, h, n, 192, dtype="int4_g32") for h in (hw, bound)] for n in (1, 4))
+    assert four[1] < four[0] and one[1] < one[0]
+    assert four[1] < 1.05 * one[1] < four[0]  # at the int8 multiply four rows read what one reads: memory-bound

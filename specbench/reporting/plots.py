@@ -281,7 +281,8 @@ def latency_figure(profile: pd.DataFrame, summary: pd.DataFrame) -> Figure:
     ax.plot(profile["tokens"], profile["ms"], marker="o", label="measured L(n) here")
     if "roofline_ms" in profile:
         ax.plot(profile["tokens"], profile["roofline_ms"], marker="s", linestyle="--",
-                label=f"roofline of hw {', '.join(map(str, dict.fromkeys(summary.get('hw', ['?']))))}")
+                label=f"roofline of hw {', '.join(map(str, dict.fromkeys(summary.get('hw', ['?']))))} at the run's "
+                      f"weights")
     ax.set_xscale("log", base=2)
     ax.set_xticks(profile["tokens"], [f"{t:g}" for t in profile["tokens"]])
     ax.minorticks_off()
