@@ -72,8 +72,9 @@ def supported(backend: str, dtype: torch.dtype, device: torch.device, config=Non
     """None when `backend` can run `dtype` on `device` (and the model of `config`, when given), else why not (one
     line)."""
     check_backend(backend)
-    if backend in OWN_GRAPH and config is not None and cache_problem(config):
-        return cache_problem(config)
+    problem = cache_problem(config) if backend in OWN_GRAPH else None
+    if problem:
+        return problem
     if backend == OPENVINO:
         return openvino.unsupported(dtype, device)
     if backend == ONNXRUNTIME:

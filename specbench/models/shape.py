@@ -76,8 +76,11 @@ def head_dim(config) -> int:
 
 def cache_problem(config) -> str | None:
     """Why a route that keeps each layer's keys and values in one growing buffer (the openvino and onnxruntime
-    routes: execution/cache_views.py) cannot hold this model's cache, None when it can: layers of another kind than
-    full attention (a sliding window keeps a ring of its last tokens, which such a buffer does not)."""
+    routes: execution/cache_views.py) cannot hold this model's cache, None when it can or the config is unknown: layers
+    of another kind than full attention (a sliding window keeps a ring of its last tokens, which such a buffer does
+    not)."""
+    if config is None:
+        return None
     text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
     kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
     if kinds != {"full_attention"}:

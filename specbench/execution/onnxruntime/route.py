@@ -41,8 +41,7 @@ def weights_problem(weights: str) -> str | None:
 def check_run(dtype: str, weights: str, batch_size: int = 1, config=None) -> None:
     """model.backend=onnxruntime's settings, before any model loads: installed, float32 (or auto) activations, the
     builder's weights, batch 1, full-attention layers when the model's config is known."""
-    reason = unsupported(torch.float32, torch.device("cpu"), weights) or (
-        cache_problem(config) if config is not None else None)
+    reason = unsupported(torch.float32, torch.device("cpu"), weights) or cache_problem(config)
     if reason:
         raise SpecbenchError(f"model.backend=onnxruntime with model.weights={weights}: {reason}")
     if dtype not in ("float32", "auto"):

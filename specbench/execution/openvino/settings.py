@@ -39,7 +39,7 @@ def check_run(dtype: str, weights: str, config=None, batch_size: int = 1) -> Non
     NNCF compresses, an int4 group dividing the model's widths and full-attention layers when its config is known,
     batch 1 for w4a8r."""
     reason = (unsupported(torch.float32, torch.device("cpu"), weights) or group_problem(config, weights)
-              or (cache_problem(config) if config is not None else None))
+              or cache_problem(config))
     if reason:
         raise SpecbenchError(f"model.backend=openvino with model.weights={weights}: {reason}")
     if dtype not in ("float32", "auto"):
