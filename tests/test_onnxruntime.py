@@ -116,3 +116,24 @@ def test_a_method_reading_hidden_states_or_adding_embedding_rows_is_one_line_on_
         with pytest.raises(SpecbenchError, match=r"^methods entry 'mine' \(method=medusa\) reads the target's hidden "
                                                  r"states or feeds it embeddings.*model.backend=openvino"):
             check_token_only([entry], [drafter])
+
+
+@needs_onnxruntime
+@pytest.mark.slow
+def test_a_route_in_int4_groups_the_eager_kernels_cannot_hold_runs_with_its_engine_beside_it(tmp_path, monkeypatch):
+    """The builder pads a block of 128 over the tiny model's 64 channels, which the eager int4 kernel refuses: the
+    engines' eager target is made only for an engine that decodes it, so the route and ONNX Runtime GenAI (which builds
+    from the float weights) run, in those groups, where the run used to stop on the eager kernel's group check."""
+    from specbench.tasks import eval as eval_task
+    from tests.conftest import compose_cfg
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    cfg = compose_cfg(["model=tiny_random", "model.backend=onnxruntime", "model.weights=int4", "model.group_size=128",
+                       "eval.dtype=float32", "eval.num_prompts=1", "eval.max_new_tokens=8", "eval.warmup=0",
+                       "eval.memory_probe=false", "eval.fastest_plain=false", "eval.latency_profile=false",
+                       "eval.engines=[onnxruntime]", "eval.engine_options.onnxruntime.weights=int4_g128"],
+                      tmp_path / "run")
+    summary = eval_task.run(cfg)
+    assert {"plain", "onnxruntime"} <= set(summary["method"])
+    engine = summary.set_index("method").loc["onnxruntime"]
+    assert engine["weights"] == "int4_g128" and engine["tokens_per_s"] > 0

@@ -8,8 +8,10 @@ An engine has the Decoder's interface (max_new_tokens, generate(prompt_ids) -> G
 
 from __future__ import annotations
 
+import functools
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from specbench.decoding import Generation, StepRecord
@@ -28,14 +30,22 @@ class EngineUnavailable(Exception):
 @dataclass
 class EngineContext:
     """What an engine is built from: the run's target as its fastest plain decoding runs it (eager, that dtype and
-    those weights), the target as loaded, the model config's path (a GGUF an engine may load itself) and eval.engine_options."""
+    those weights), the target as loaded, the model config's path (a GGUF an engine may load itself) and eval.engine_options.
 
-    target: LoadedModel
+    `target` is made on first read (`make_target`): only transformers' engine decodes it, the runtimes build from
+    `loaded`, and making it quantises the whole model (seconds), in weights an own-graph route may hold that the eager
+    kernels cannot (int4 in groups of 128 over 576 channels: the builder pads a block, aten's packing does not)."""
+
+    make_target: Callable[[], LoadedModel]
     loaded: LoadedModel  # the target as loaded (eager, full-precision weights): what a draft is derived from
     model_path: str
     max_new_tokens: int
     options: dict
     threads: int  # eval.engine_options.threads, else torch's
+
+    @functools.cached_property
+    def target(self) -> LoadedModel:
+        return self.make_target()
 
 
 class Engine(ABC):

@@ -153,6 +153,6 @@ def build(mode: str, ctx: EngineContext) -> LlamaCppEngine:
     if why:
         raise EngineUnavailable(f"llama.cpp {llama_cpp.__version__} cannot decode {path.name} here: {why} in a probe "
                                 f"subprocess, even with n_batch=1")
-    eos = set(ctx.target.eos_token_ids)
+    eos = set(ctx.loaded.eos_token_ids)
     return LlamaCppEngine(path, ctx.max_new_tokens, eos, mode, ctx.threads, n_batch, int(own.get("n_ctx", 2048)),
                           opts["lookup_tokens"], opts["lookup_ngram"], draft, opts["draft_tokens"])

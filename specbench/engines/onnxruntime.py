@@ -65,4 +65,4 @@ def build(mode: str, ctx: EngineContext) -> OnnxRuntimeEngine:
         folder = export(ctx.loaded, weights)
     except BuildFailed as exc:
         raise EngineUnavailable(str(exc)) from None
-    return OnnxRuntimeEngine(folder, weights, ctx.max_new_tokens, set(ctx.target.eos_token_ids), ctx.threads)
+    return OnnxRuntimeEngine(folder, weights, ctx.max_new_tokens, set(ctx.loaded.eos_token_ids), ctx.threads)

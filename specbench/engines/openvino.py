@@ -260,6 +260,6 @@ def build(mode: str, ctx: EngineContext) -> OpenVinoEngine:
                                  "eval.engine_options.openvino.draft_checkpoint=PATH (a distilled draft artifact)")
         model = load_distilled_draft(with_dtype(ctx.loaded, "float32"), checkpoint)
         draft = (export(model, weights), f"{Path(checkpoint).name}:{weights}")
-    return OpenVinoEngine(folder, weights, ctx.max_new_tokens, set(ctx.target.eos_token_ids), mode, ctx.threads,
+    return OpenVinoEngine(folder, weights, ctx.max_new_tokens, set(ctx.loaded.eos_token_ids), mode, ctx.threads,
                           ctx.options["lookup_tokens"], ctx.options["lookup_ngram"], draft,
                           ctx.options["draft_tokens"])

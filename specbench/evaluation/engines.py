@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,12 +130,14 @@ def _check_draft_options(cfg, engine: str) -> None:
             raise SpecbenchError(f"{where}.{key}={options[key]!r} does not exist; give the path of an existing file")
 
 
-def build_engines(cfg, entries: list[EngineEntry], target: LoadedModel, loaded: LoadedModel) -> list[BuiltEngine]:
-    """target: eager, in the dtype and weights of the run's fastest plain decoding; loaded: as loaded. An engine this
+def build_engines(cfg, entries: list[EngineEntry], make_target: Callable[[], LoadedModel],
+                  loaded: LoadedModel) -> list[BuiltEngine]:
+    """make_target: the target eager, in the dtype and weights of the run's fastest plain decoding, made when an
+    engine first reads it (EngineContext); loaded: as loaded. An engine this
     machine cannot run (EngineUnavailable), or one the user did not name that cannot run this model (a config read
     only once loaded), is left out with its reason in one line."""
     options = OmegaConf.to_container(cfg.eval.engine_options, resolve=True)
-    ctx = EngineContext(target, loaded, str(cfg.model.get("path") or ""), int(cfg.eval.max_new_tokens), options,
+    ctx = EngineContext(make_target, loaded, str(cfg.model.get("path") or ""), int(cfg.eval.max_new_tokens), options,
                         int(options.get("threads") or torch.get_num_threads()))
     built = []
     for entry in entries:

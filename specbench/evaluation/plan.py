@@ -173,7 +173,7 @@ def plan_runs(cfg, req: Request, hw: HardwareSpec, loaded: LoadedModel, out: Pat
     # have no eager form, so theirs is the int4 one they quantise on the fly
     head, group = split_format(fast_w)
     eager_w = format_name("int4", group) if head in OWN_FORMATS else fast_w
-    engines = build_engines(cfg, req.engines, cast_to(fast_d, eager_w), loaded) if req.engines else []
+    engines = build_engines(cfg, req.engines, lambda: cast_to(fast_d, eager_w), loaded) if req.engines else []
     per_method |= {b.entry.label: b.settings() for b in engines}
     shared = shared_settings(cfg, execution.dtype, execution.backend, execution.weights, attention_tag(loaded))
     check_and_save_settings(out, shared, per_method)
