@@ -120,10 +120,15 @@ def test_a_method_reading_hidden_states_or_adding_embedding_rows_is_one_line_on_
 
 @needs_onnxruntime
 @pytest.mark.slow
-def test_a_route_in_int4_groups_the_eager_kernels_cannot_hold_runs_with_its_engine_beside_it(tmp_path, monkeypatch):
+def test_a_route_in_int4_groups_the_eager_kernels_cannot_hold_runs_with_its_engine_beside_it(tiny, tmp_path,
+                                                                                              monkeypatch):
     """The builder pads a block of 128 over the tiny model's 64 channels, which the eager int4 kernel refuses: the
     engines' eager target is made only for an engine that decodes it, so the route and ONNX Runtime GenAI (which builds
-    from the float weights) run, in those groups, where the run used to stop on the eager kernel's group check."""
+    from the float weights) run, in those groups, where the run used to stop on the eager kernel's group check; and the
+    model they run holds those groups (the builder once ignored the key it was asked by, and wrote its default 32)."""
+    import onnx
+
+    from specbench.execution.onnxruntime.export import export
     from specbench.tasks import eval as eval_task
     from tests.conftest import compose_cfg
 
@@ -137,3 +142,21 @@ def test_a_route_in_int4_groups_the_eager_kernels_cannot_hold_runs_with_its_engi
     assert {"plain", "onnxruntime"} <= set(summary["method"])
     engine = summary.set_index("method").loc["onnxruntime"]
     assert engine["weights"] == "int4_g128" and engine["tokens_per_s"] > 0
+    graph = onnx.load(str(export(tiny, "int4_g128") / "model.onnx"), load_external_data=False).graph
+    assert {a.i for n in graph.node if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "block_size"} \
+        == {128}
+
+
+def test_a_builder_graph_in_other_groups_than_asked_is_refused_in_one_line(tmp_path):
+    from onnx import TensorProto, helper, save
+
+    from specbench.execution.onnxruntime.export import BuildFailed, check_group
+
+    node = helper.make_node("MatMulNBits", ["x", "b", "s"], ["y"], domain="com.microsoft", K=64, N=8, bits=4,
+                            block_size=32)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])])
+    save(helper.make_model(graph), str(tmp_path / "model.onnx"))
+    check_group(tmp_path / "model.onnx", 32)
+    with pytest.raises(BuildFailed, match=r"^the builder wrote int4 products in blocks of \[32\], not the 64 asked"):
+        check_group(tmp_path / "model.onnx", 64)

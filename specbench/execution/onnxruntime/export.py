@@ -27,7 +27,9 @@ from specbench.models.loading import LoadedModel, cache_root, with_dtype
 
 INT4_GROUPS = (16, 32, 64, 128, 256)  # the block sizes MatMulNBits takes
 WHAT = "ONNX Runtime GenAI model"
-LAYOUT = "verify_v3"  # what add_verify_inputs writes; part of the cache key, so a changed layout is built again
+# what add_verify_inputs writes and how the weights are asked for; part of the cache key, so a changed layout is built
+# again (v4: the group asked by the key the builder reads, where v3's int4_g64/g128 folders held its default, 32)
+LAYOUT = "verify_v4"
 
 
 class BuildFailed(Exception):
@@ -73,11 +75,15 @@ def export(loaded: LoadedModel, weights: str) -> Path:
             fp32.model.save_pretrained(source)
             fp32.tokenizer.save_pretrained(source)
             where = (str(source), str(tmp), head, "cpu", str(Path(scratch) / "cache"))
-            options = [f"int4_block_size={group}"] if group else []
+            # `block_size` is the builder's key (QuantConfig.from_extra_options); an unknown one is ignored silently,
+            # so the built graph's group is checked below
+            options = [f"block_size={group}"] if group else []
             # the builder prints a progress line per tensor and its quantiser logs one per layer; a failure raises
             with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
                     quiet_transformers(), _quiet("onnxruntime"), interrupt_after("the model builder"):
                 create_model(None, *where, **parse_extra_options(None, *where, options))
+        if group:
+            check_group(tmp / "model.onnx", int(group))
         add_verify_inputs(tmp / "model.onnx", tmp / "verify.onnx")
 
     try:
@@ -86,6 +92,18 @@ def export(loaded: LoadedModel, weights: str) -> Path:
         why = re.sub(r"\s+", " ", str(exc))[:200]
         raise BuildFailed(f"the ONNX Runtime GenAI builder cannot build {loaded.name}: {why}") from None
     return folder
+
+
+def check_group(path: Path, group: int) -> None:
+    """That every int4 product of the builder's graph at `path` quantises in blocks of `group`: a builder that took
+    another group would otherwise hand a model named by the one asked for."""
+    import onnx
+
+    nodes = [n for n in onnx.load(str(path), load_external_data=False).graph.node if n.op_type == "MatMulNBits"]
+    built = sorted({a.i for n in nodes for a in n.attribute if a.name == "block_size"})
+    if not nodes or built != [group]:
+        raise BuildFailed(f"the builder wrote int4 products in blocks of {built or 'nothing'}, not the {group} asked "
+                          f"for (onnxruntime-genai's `block_size` option)")
 
 
 def add_verify_inputs(source: Path, out: Path) -> None:
