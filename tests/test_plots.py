@@ -2,6 +2,7 @@
 methods, per-category and budget values that follow from the records and settings."""
 
 import json
+import math
 
 import numpy as np
 import pandas as pd
@@ -178,3 +179,19 @@ def test_the_caption_names_no_dtype_an_engine_row_does_not_have():
                             "num_prompts": [20, 20]})
     text = plots.caption(summary)
     assert "| eager, openvino | float32 | weights fp, int4_g64 |" in text and "nan" not in text
+
+
+def test_the_speed_plot_marks_a_method_whose_promised_equal_answers_were_not(run):
+    """A method that matched its reference on 10 of 16 prompts (a route whose rows differ on this CPU) is hatched and
+    labelled so; one that matched all of them, one whose rule promises nothing (NaN) and plain decoding are not."""
+    _, summary, _, _ = run
+    summary = summary.assign(lossless_match=[math.nan if m == "plain" else 1.0 for m in summary["method"]])
+    summary.loc[summary["method"] == "sssd-8", "lossless_match"] = 10 / 16
+    summary.loc[summary["method"] == "pld", "lossless_match"] = math.nan
+    fig = plots.speed_figure(summary)
+    assert "sssd-8\n(not lossless: 10/16)" in labels_of(fig)
+    assert not any("not lossless" in label for label in labels_of(fig) - {"sssd-8\n(not lossless: 10/16)"})
+    for ax in fig.axes:
+        hatched = [bar.get_hatch() for bar in ax.patches]
+        assert hatched[list(summary["method"]).index("sssd-8")] == "///" and hatched.count("///") == 1
+    plots.plt.close(fig)

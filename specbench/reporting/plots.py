@@ -169,9 +169,26 @@ def speed_figure(summary: pd.DataFrame) -> Figure:
     ax2.barh(y, summary["tau"], color=colors)
     ax2.axvline(1.0, color="grey", lw=0.8, ls="--")
     ax2.set_xlabel("tau (tokens per target forward)")
-    ax1.set_yticks(y, summary["method"])
+    # a method whose answers its rule promised equal to its reference's, and which were not, reads as such here too,
+    # not only in the printed table's lossless column: its bars hatched, its label saying how many matched
+    missed = _missed_lossless(summary)
+    for ax in (ax1, ax2):
+        for bar, label in zip(ax.patches, missed):
+            if label:
+                bar.set_hatch("///")
+                bar.set_alpha(0.5)
+    ax1.set_yticks(y, [m if not label else f"{m}\n({label})" for m, label in zip(summary["method"], missed)])
     ax1.invert_yaxis()
     return _finish(fig, "Speedup and acceptance per method", summary)
+
+
+def _missed_lossless(summary: pd.DataFrame) -> list[str]:
+    """Per row, "not lossless: k/n" where a method's rule promised its answers equal to its reference's and fewer were
+    (a route whose rows differ on this CPU), else "" (plain decoding of another execution only agrees or not)."""
+    if "lossless_match" not in summary or "num_prompts" not in summary:
+        return [""] * len(summary)
+    return ["" if is_plain(method) or pd.isna(match) or match >= 1 else f"not lossless: {round(match * n)}/{n}"
+            for method, match, n in zip(summary["method"], summary["lossless_match"], summary["num_prompts"])]
 
 
 def budget_figure(table: pd.DataFrame, budget: str = "tree_budget", family: str = "method_name",
