@@ -133,9 +133,9 @@ def _check_draft_options(cfg, engine: str) -> None:
 def build_engines(cfg, entries: list[EngineEntry], make_target: Callable[[], LoadedModel],
                   loaded: LoadedModel) -> list[BuiltEngine]:
     """make_target: the target eager, in the dtype and weights of the run's fastest plain decoding, made when an
-    engine first reads it (EngineContext); loaded: as loaded. An engine this
-    machine cannot run (EngineUnavailable), or one the user did not name that cannot run this model (a config read
-    only once loaded), is left out with its reason in one line."""
+    engine first reads it (EngineContext); loaded: as loaded. An engine this machine cannot run (EngineUnavailable),
+    or one the user did not name that cannot run this model (a config read only once loaded), is left out with its
+    reason in one line."""
     options = OmegaConf.to_container(cfg.eval.engine_options, resolve=True)
     ctx = EngineContext(make_target, loaded, str(cfg.model.get("path") or ""), int(cfg.eval.max_new_tokens), options,
                         int(options.get("threads") or torch.get_num_threads()))

@@ -27,8 +27,8 @@ from specbench.models.loading import LoadedModel, cache_root, with_dtype
 
 INT4_GROUPS = (16, 32, 64, 128, 256)  # the block sizes MatMulNBits takes
 WHAT = "ONNX Runtime GenAI model"
-# what add_verify_inputs writes and how the weights are asked for; part of the cache key, so a changed layout is built
-# again (v4: the group asked by the key the builder reads, where v3's int4_g64/g128 folders held its default, 32)
+# what add_verify_inputs writes and how the builder is asked for the weights (v4: the group by its own key); part of
+# the cache key, so a changed layout is built again
 LAYOUT = "verify_v4"
 
 
