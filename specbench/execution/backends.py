@@ -63,7 +63,7 @@ def check_profile_backends(names) -> list[str]:
 def or_eager(backends: list[str], device: torch.device, config) -> list[str]:
     """`backends` for model.backend=auto to choose among, with eager added where none of them can run this model at
     all (the own-graph routes refuse a sliding-window cache): transformers' own forward runs every model."""
-    if all(supported(b, torch.float32, device, config) for b in backends):
+    if all(supported(b, torch.float32, device, config) is not None for b in backends):  # each says why not
         return [*backends, "eager"]
     return list(backends)
 
