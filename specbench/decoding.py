@@ -131,7 +131,9 @@ class Decoder:
             extras = self.drafter.verify_extras(tree)
             vout = verify_tree(self.model, cache, tree, want_hidden, *(extras or (None, None)))
             t2 = timer.mark()
-            gen.kv_peak_bytes = max(gen.kv_peak_bytes, cache_bytes(cache) + self.drafter.cache_bytes())
+            rows = len(tree) + (0 if extras is None else len(extras[1]))
+            if rows > 1:  # a one-row step keeps its row, so the caches' peak after it is the end's (taken below)
+                gen.kv_peak_bytes = max(gen.kv_peak_bytes, cache_bytes(cache) + self.drafter.cache_bytes())
             acc = self.acceptance.accept(tree, vout.logits[: len(tree)], self.sampling, generator)
             commit_path(cache, past_len, acc.path)
             new_tokens = tree.tokens[acc.path[1:]].tolist() + [acc.next_token]
@@ -143,7 +145,6 @@ class Decoder:
             timer.sync()
             gen.tokens.extend(new_tokens)
             self._log_probs(gen, state.last.logits, new_tokens)
-            rows = len(tree) + (0 if extras is None else len(extras[1]))
             gen.steps.append(StepRecord(rows, int(tree.depths.max()), acc.accepted,
                                         draft_time=timer.seconds(t0, t1) + timer.seconds(t3, t4),
                                         verify_time=timer.seconds(t1, t2), step_time=timer.seconds(t0, t4),
@@ -155,7 +156,8 @@ class Decoder:
         end = timer.mark()
         timer.sync()
         gen.wall_time = timer.seconds(start, end)
-        gen.kv_peak_bytes = max(gen.kv_peak_bytes, cache_bytes(cache))  # a prompt answered by prefill alone
+        # the caches at the end: the peak of one-row steps, and of a prompt answered by prefill alone
+        gen.kv_peak_bytes = max(gen.kv_peak_bytes, cache_bytes(cache) + self.drafter.cache_bytes())
         return gen
 
     def _log_probs(self, gen: Generation, logits: torch.Tensor, tokens: list[int]) -> None:

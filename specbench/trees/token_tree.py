@@ -50,9 +50,18 @@ class TokenTree:
 
     @classmethod
     def chain(cls, root: int, draft: list[int] | torch.Tensor, draft_probs: torch.Tensor | None = None) -> "TokenTree":
+        """The root and `draft` one after another. A chain is a valid tree by construction, so it is built without
+        __post_init__'s checks and its walk over the parents: plain decoding builds one every step, where they were a
+        visible share of a one-row step's Python (experiments/onnxruntime_verify)."""
         draft = torch.as_tensor(draft, dtype=torch.long).reshape(-1)
         n = draft.numel() + 1
-        return cls(torch.cat([torch.tensor([root]), draft]), torch.arange(-1, n - 1), draft_probs)
+        if draft_probs is not None and draft_probs.shape[0] != n:
+            raise SpecbenchError(f"TokenTree draft_probs has {draft_probs.shape[0]} rows for {n} nodes")
+        tree = cls.__new__(cls)
+        tree.tokens, tree.parents, tree.draft_probs = torch.cat([torch.tensor([root]), draft]), torch.arange(-1, n - 1), \
+            draft_probs
+        tree.depths, tree._chain = torch.arange(n), True
+        return tree
 
     def __len__(self) -> int:
         return self.tokens.numel()

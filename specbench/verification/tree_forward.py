@@ -38,7 +38,6 @@ def tree_attention_mask(tree: TokenTree, past_len: int) -> torch.Tensor:
     return torch.cat([visible_past, tree.ancestor_mask()], dim=1)[None, None]
 
 
-@torch.inference_mode()
 def verified_tree(model, tree: TokenTree) -> TokenTree:
     """What of `tree` the target verifies: all of it, or its first path for a target whose verify computes a tree's
     rows otherwise than its plain decoding but a chain's alike (`chains_only`: the onnxruntime backend's int8

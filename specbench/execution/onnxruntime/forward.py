@@ -52,6 +52,16 @@ class OnnxRuntimeBuffer(CacheBuffer):
             name = f"{i // 2}.{'key' if i % 2 == 0 else 'value'}"
             self.binding.bind_ortvalue_input(f"past_key_values.{name}", value)
             self.binding.bind_ortvalue_output(f"present.{name}", value)
+        self._bound: dict[str, np.ndarray] = {}
+
+    def bind(self, inputs: dict[str, np.ndarray]) -> None:
+        """Each input bound by address, unless the very array is bound already (the row indices _indices shares
+        between calls of one shape): a bind is a visible share of a one-row step's Python. The binding holds every
+        array it is given until it is rebound."""
+        for name, array in inputs.items():
+            if self._bound.get(name) is not array:
+                self.binding.bind_cpu_input(name, np.ascontiguousarray(array))
+                self._bound[name] = array
 
 
 class OnnxRuntimeForward(GraphForward):
@@ -142,18 +152,28 @@ class OnnxRuntimeForward(GraphForward):
         keep = kept_rows(logits_to_keep, n)
         projected = keep if self.attention_pad else _projected(keep, rows)
         logits = torch.empty(1, len(projected), self.vocab)
-        binding = buffer.binding
-        inputs = {"input_ids": ids, "position_ids": positions.astype(np.int64)[None], "attention_bias": bias,
-                  "logits_rows": projected.numpy(), "attention_rows": np.minimum(np.arange(rows), hidden - 1),
-                  "attention_kept": np.arange(hidden), "attention_mask": np.ones((1, past + rows), np.int64)}
-        # bound by address: the dict keeps every array (a contiguous copy included) alive through the run
-        arrays = {name: np.ascontiguousarray(array) for name, array in inputs.items()}
-        for name, array in arrays.items():
-            binding.bind_cpu_input(name, array)
-        binding.bind_output("logits", "cpu", 0, np.float32, tuple(logits.shape), logits.data_ptr())
-        self.session.run_with_iobinding(binding)
+        buffer.bind({"input_ids": ids, "position_ids": positions.astype(np.int64)[None], "attention_bias": bias,
+                     "attention_mask": np.ones((1, past + rows), np.int64), **_indices(rows, hidden),
+                     "logits_rows": _logits_rows(tuple(projected.tolist()))})
+        buffer.binding.bind_output("logits", "cpu", 0, np.float32, tuple(logits.shape), logits.data_ptr())
+        self.session.run_with_iobinding(buffer.binding)
         view_layers(cache, buffer, past + n, self.layers)
-        return CausalLMOutputWithPast(logits=logits[:, :len(keep)], past_key_values=cache)
+        # the logits alone: the cache grew in place, and a cache in the output takes transformers' deprecated
+        # `past_key_values` path, a visible share of a one-row step's Python
+        return CausalLMOutputWithPast(logits=logits[:, :len(keep)])
+
+
+@functools.lru_cache(maxsize=64)
+def _indices(rows: int, hidden: int) -> dict[str, np.ndarray]:
+    """The attention's rows (a pad row repeats the last real one) and those it hands on: the same arrays for every
+    call of one shape, so a step binds them once (OnnxRuntimeBuffer.bind)."""
+    return {"attention_rows": np.minimum(np.arange(rows), hidden - 1), "attention_kept": np.arange(hidden)}
+
+
+@functools.lru_cache(maxsize=256)
+def _logits_rows(rows: tuple[int, ...]) -> np.ndarray:
+    """The rows the LM head projects, one array per set of rows (OnnxRuntimeBuffer.bind binds it once)."""
+    return np.array(rows, np.int64)
 
 
 def _projected(keep: torch.Tensor, rows: int) -> torch.Tensor:
