@@ -4,7 +4,9 @@ activations make a tree's rows differ, and its settings refused in one line befo
 CPU's kernels keep a chain's rows bitwise is measured by the machine's row check, never asserted: where they do not,
 the lossless test says so and skips."""
 
+import collections
 import importlib.util
+import json
 
 import pytest
 import torch
@@ -15,6 +17,7 @@ from specbench.decoding import Decoder
 from specbench.drafters.plain import PlainDrafter
 from specbench.drafters.pld import PromptLookupDrafter
 from specbench.errors import SpecbenchError
+from specbench.execution.onnxruntime import forward as forward_module
 from specbench.hardware.measured.row_invariance import BITWISE, check_rows
 from specbench.sampling import SamplingParams
 from specbench.trees.native import NativePolicy
@@ -61,16 +64,22 @@ def test_the_int4_route_decodes_chains_as_its_plain_decoding_where_this_cpu_keep
         rows = check_rows(model, torch.float32, tiny.model.config.vocab_size)
     if rows.verdict != BITWISE:
         pytest.skip(f"this CPU's int8 kernels do not keep a chain's rows: {rows.describe()}")
+    ran = collections.Counter()  # calls by graph: the prefill graph's binding or the verify graph's
+    run_binding = forward_module.SessionBinding.run
+    monkeypatch.setattr(forward_module.SessionBinding, "run",
+                        lambda self, logits: ran.update([self.session is not model.session]) or run_binding(self, logits))
     accepted = 0
-    for text in ["the cat sat on the mat and the cat sat on the hat", "abc abc abc abd abc", "hello world " * 6]:
-        prompt = tiny.tokenizer(text)["input_ids"]
-        plain, pld = (Decoder(model, drafter, ExactAcceptance(), SamplingParams(), 32, tiny.eos_token_ids,
-                              max_context=tiny.max_context).generate(prompt)
-                      for drafter in (PlainDrafter(), PromptLookupDrafter(run, NativePolicy(8))))
-        assert pld.tokens == plain.tokens
-        assert all(s.tree_size == s.tree_depth + 1 for s in pld.steps)  # every verify a chain
-        accepted += sum(s.accepted for s in pld.steps)
-    assert accepted > 0
+    for prefill_rows in (model.prefill_rows, 1):  # prompts split as measured here, then every prompt by prefill.onnx
+        model.prefill_rows = prefill_rows
+        for text in ["the cat sat on the mat and the cat sat on the hat", "abc abc abc abd abc", "hello world " * 6]:
+            prompt = tiny.tokenizer(text)["input_ids"]
+            plain, pld = (Decoder(model, drafter, ExactAcceptance(), SamplingParams(), 32, tiny.eos_token_ids,
+                                  max_context=tiny.max_context).generate(prompt)
+                          for drafter in (PlainDrafter(), PromptLookupDrafter(run, NativePolicy(8))))
+            assert pld.tokens == plain.tokens
+            assert all(s.tree_size == s.tree_depth + 1 for s in pld.steps)  # every verify a chain
+            accepted += sum(s.accepted for s in pld.steps)
+    assert accepted > 0 and ran[True] >= 6  # six prompts' prefills at least ran the prefill graph
     before = torch.get_num_threads()
     Decoder(model, PlainDrafter(), ExactAcceptance(), SamplingParams(), 4, tiny.eos_token_ids).generate([5, 6, 7])
     assert torch.get_num_threads() == before  # one torch thread inside the decode, the process's own after
@@ -160,3 +169,46 @@ def test_a_builder_graph_in_other_groups_than_asked_is_refused_in_one_line(tmp_p
     check_group(tmp_path / "model.onnx", 32)
     with pytest.raises(BuildFailed, match=r"^the builder wrote int4 products in blocks of \[32\], not the 64 asked"):
         check_group(tmp_path / "model.onnx", 64)
+
+
+def test_the_prefill_graph_is_the_verify_graph_on_float_activations_and_only_where_they_were_int8(tmp_path):
+    from onnx import TensorProto, helper, load, save
+
+    from specbench.execution.onnxruntime.export import float_prefill
+
+    def graph(level: int):
+        node = helper.make_node("MatMulNBits", ["x", "b", "s"], ["y"], domain="com.microsoft", K=64, N=8, bits=4,
+                                block_size=32, accuracy_level=level)
+        return helper.make_model(helper.make_graph(
+            [node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])]))
+
+    save(graph(4), str(tmp_path / "int8.onnx"))
+    float_prefill(tmp_path / "int8.onnx", tmp_path / "int8_prefill.onnx")
+    written = load(str(tmp_path / "int8_prefill.onnx")).graph.node
+    assert [a.i for n in written for a in n.attribute if a.name == "accuracy_level"] == [1]
+    save(graph(1), str(tmp_path / "float.onnx"))
+    float_prefill(tmp_path / "float.onnx", tmp_path / "float_prefill.onnx")
+    assert not (tmp_path / "float_prefill.onnx").exists()  # nothing to gain: no second session
+
+
+@needs_onnxruntime
+@pytest.mark.slow
+def test_where_the_prefill_graph_starts_is_measured_once_per_machine_and_thread_count_and_then_read(tiny, tmp_path,
+                                                                                                   monkeypatch):
+    """The route's folder keeps the rows from which a prompt runs the prefill graph, per thread count: a second
+    forward on it reads them (here edited to 7) instead of timing the graphs again, so every run on this machine
+    prefills a prompt by the same graph."""
+    from specbench.execution.onnxruntime.export import PREFILL_GRAPH, export
+    from specbench.execution.onnxruntime.forward import OnnxRuntimeForward
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    folder = export(tiny, "int4_g32")
+    record = (folder / PREFILL_GRAPH).with_suffix(".json")
+    paths = (str(folder / "verify.onnx"), 2, True, str(folder / PREFILL_GRAPH))
+    first = OnnxRuntimeForward(tiny.model, *paths[:3], prefill_path=paths[3])
+    kept = json.loads(record.read_text())["threads=2"]
+    assert first.prefill_rows == kept["rows"] and set(kept["ms_verify_vs_prefill"]) == {"16", "32", "64", "128", "256"}
+    record.write_text(json.dumps({"threads=2": {"rows": 7, "ms_verify_vs_prefill": {}}}))
+    assert OnnxRuntimeForward(tiny.model, *paths[:3], prefill_path=paths[3]).prefill_rows == 7
+    assert OnnxRuntimeForward(tiny.model, *paths[:3]).prefill_rows is None  # no prefill graph: every call verifies

@@ -4,7 +4,9 @@ for a verify (`verify.onnx`): `position_ids`, a tree node's position, and `atten
 keeps a node from its non-ancestors, both read by the builder's GroupQueryAttention nodes, which take them as optional
 inputs; `attention_rows` and `attention_kept`, the call's rows each attention node runs (a pad row repeats the last)
 and those it hands on, so a one-row call can pad its attention alone (forward.py says why); and `logits_rows`, the
-rows the LM head projects (a prompt's last ones, not all of them). The two files share one weights file.
+rows the LM head projects (a prompt's last ones, not all of them); and, where its products take int8 activations,
+`prefill.onnx`, the verify graph with every int4 or int8 product on float activations, which a long prompt may run
+faster (forward.py measures from how many rows). The files share one weights file.
 
 On a CPU the builder's int4 and int8 models multiply by int8 activations (MatMulNBits at accuracy level 4) and attend
 with GroupQueryAttention over a cache held in place. Cached under cache_root()/onnxruntime, keyed by the model's
@@ -27,9 +29,11 @@ from specbench.models.loading import LoadedModel, cache_root, with_dtype
 
 INT4_GROUPS = (16, 32, 64, 128, 256)  # the block sizes MatMulNBits takes
 WHAT = "ONNX Runtime GenAI model"
-# what add_verify_inputs writes and how the builder is asked for the weights (v4: the group by its own key); part of
-# the cache key, so a changed layout is built again
-LAYOUT = "verify_v4"
+# what add_verify_inputs writes and how the builder is asked for the weights (v4: the group by its own key; v5: the
+# prefill graph beside it); part of the cache key, so a changed layout is built again
+LAYOUT = "verify_v5"
+PREFILL_GRAPH = "prefill.onnx"
+FLOAT_ACTIVATIONS = 1  # MatMulNBits' accuracy_level for float32 activations (4 multiplies by int8 ones)
 
 
 class BuildFailed(Exception):
@@ -85,6 +89,7 @@ def export(loaded: LoadedModel, weights: str) -> Path:
         if group:
             check_group(tmp / "model.onnx", int(group))
         add_verify_inputs(tmp / "model.onnx", tmp / "verify.onnx")
+        float_prefill(tmp / "verify.onnx", tmp / PREFILL_GRAPH)
 
     try:
         save_whole(folder, save)
@@ -145,6 +150,23 @@ def add_verify_inputs(source: Path, out: Path) -> None:
     graph.graph.node.insert(list(graph.graph.node).index(head),
                             helper.make_node("Gather", [head.input[0], "logits_rows"], [kept], axis=1))
     head.input[0] = kept
+    onnx.save(graph, str(out))
+
+
+def float_prefill(verify: Path, out: Path) -> None:
+    """`verify`'s graph with every quantised product (MatMulNBits) on float activations, written to `out` on the
+    same weights file, where any of them multiplies by int8 ones. MLAS's int8-activation kernel is the faster one for a
+    few rows and can be the slower for a prompt's hundreds, where its float kernel dequantises each weight block once
+    for every row (experiments/onnxruntime_verify)."""
+    import onnx
+
+    graph = onnx.load(str(verify), load_external_data=False)
+    levels = [a for n in graph.graph.node if n.op_type == "MatMulNBits" for a in n.attribute
+              if a.name == "accuracy_level"]
+    if all(a.i == FLOAT_ACTIVATIONS for a in levels):
+        return
+    for level in levels:
+        level.i = FLOAT_ACTIVATIONS
     onnx.save(graph, str(out))
 
 

@@ -15,11 +15,19 @@ second row, which a verify's rows then match bit for bit along a chain. Whether 
 products, the LM head) gives a lone row the bits it gives that row among others depends on the machine's kernels, so the
 forward measures it once it loads: where it does, a one-row call runs its other layers on its one row; where it does
 not, it pads the whole call.
+
+A prompt on an empty cache may run the prefill graph instead (export.float_prefill: the same graph on float
+activations), from as many rows as this machine runs it faster at (measured once, kept beside the graphs). Both graphs
+share the cache buffer; a prompt's plain decoding and its methods prefill it alike, so what they compare stays the
+verify's rows.
 """
 
 from __future__ import annotations
 
 import functools
+import json
+import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -30,25 +38,24 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from specbench.errors import SpecbenchError
 from specbench.execution.cache_views import CacheBuffer, CacheBuffers, full_mask, kept_rows, view_layers
 from specbench.execution.graph_forward import GraphForward
+from specbench.files import write_atomic
 from specbench.models.shape import head_dim
 
 MIN_ROWS = 2
 PROBE_CONTEXTS = (30, 250)  # the machine's row check's CONTEXTS (hardware/measured/row_invariance.py, a layer above
 # this one, which may not be imported here)
+PREFILL_PROBE_ROWS = (16, 32, 64, 128, 256)  # the prompt lengths _measured_prefill_rows times both graphs at
+PREFILL_PROBE_TRIES = 3  # each graph's fastest of these many calls, interleaved
 NEGATIVE = float(torch.finfo(torch.float32).min)  # a masked key's bias: its weight is an exact 0
 
 
-class OnnxRuntimeBuffer(CacheBuffer):
-    """A cache buffer with an IO binding that holds every layer's past and present on its memory, which ONNX
-    Runtime reads and writes in place."""
+class SessionBinding:
+    """One session's IO binding on a cache buffer: every layer's past and present bound to the buffer's memory, which
+    ONNX Runtime reads and writes in place, and a call's other inputs bound by address."""
 
-    def __init__(self, session, shape: tuple[int, int, int], capacity: int) -> None:
-        import onnxruntime as ort
-
-        super().__init__(shape, capacity)
-        self.binding = session.io_binding()
-        self._values = [ort.OrtValue.ortvalue_from_numpy(t.numpy()) for t in self.layers]
-        for i, value in enumerate(self._values):
+    def __init__(self, session, values: list) -> None:
+        self.session, self.binding = session, session.io_binding()
+        for i, value in enumerate(values):
             name = f"{i // 2}.{'key' if i % 2 == 0 else 'value'}"
             self.binding.bind_ortvalue_input(f"past_key_values.{name}", value)
             self.binding.bind_ortvalue_output(f"present.{name}", value)
@@ -63,13 +70,30 @@ class OnnxRuntimeBuffer(CacheBuffer):
                 self.binding.bind_cpu_input(name, np.ascontiguousarray(array))
                 self._bound[name] = array
 
+    def run(self, logits: torch.Tensor) -> None:
+        """The call, its logits written into `logits`."""
+        self.binding.bind_output("logits", "cpu", 0, np.float32, tuple(logits.shape), logits.data_ptr())
+        self.session.run_with_iobinding(self.binding)
+
+
+class OnnxRuntimeBuffer(CacheBuffer):
+    """A cache buffer each of the forward's sessions reads and writes in place, through its own binding."""
+
+    def __init__(self, sessions: tuple, shape: tuple[int, int, int], capacity: int) -> None:
+        import onnxruntime as ort
+
+        super().__init__(shape, capacity)
+        self._values = [ort.OrtValue.ortvalue_from_numpy(t.numpy()) for t in self.layers]
+        self.bindings = [SessionBinding(session, self._values) for session in sessions]
+
 
 class OnnxRuntimeForward(GraphForward):
     """A causal LM's forward as the methods call it (input ids, a 4D or 2D mask or none, positions, a DynamicCache,
     logits_to_keep), run by an ONNX Runtime session of the verify graph, which embeds the ids itself and returns
     logits only, no hidden states."""
 
-    def __init__(self, model: nn.Module, path: str, threads: int, chains_only: bool) -> None:
+    def __init__(self, model: nn.Module, path: str, threads: int, chains_only: bool,
+                 prefill_path: str | None = None) -> None:
         super().__init__(model)
         import onnxruntime as ort
 
@@ -83,18 +107,55 @@ class OnnxRuntimeForward(GraphForward):
         self.torch_threads = 1
         options = ort.SessionOptions()
         options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-        self.session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+        sessions = [ort.InferenceSession(p, options, providers=["CPUExecutionProvider"])
+                    for p in (path, prefill_path) if p is not None]
+        self.session = sessions[0]
         self.vocab = model.config.vocab_size
         self.positions = model.config.max_position_embeddings
         self.shape = (2 * self.layers, model.config.num_key_value_heads, head_dim(model.config))
-        self.buffers = CacheBuffers(self.shape, functools.partial(OnnxRuntimeBuffer, self.session))
-        self.attention_pad = True  # the mode the probe runs, then the probe's verdict
+        self.buffers = CacheBuffers(self.shape, functools.partial(OnnxRuntimeBuffer, tuple(sessions)))
+        # a prompt of at least this many rows on an empty cache runs the prefill graph (export.float_prefill); None:
+        # every call runs the verify graph
+        self.prefill_rows: int | None = None
+        self.attention_pad = True  # the mode the probes run, then the lone-row probe's verdict
+        if prefill_path is not None:
+            self.prefill_rows = self._measured_prefill_rows(Path(prefill_path).with_suffix(".json"), threads)
         self.attention_pad = self._lone_row_kept()
 
     def padded_rows(self, n: int) -> int:
         """The rows a call of n rows runs through its linear layers (n, or at least MIN_ROWS where this machine's
         kernels give a lone row other bits): the cost curve reads L at these."""
         return n if self.attention_pad else max(n, MIN_ROWS)
+
+    @torch.inference_mode()
+    def _measured_prefill_rows(self, record: Path, threads: int) -> int | None:
+        """The fewest prompt rows from which the prefill graph runs a prompt faster than the verify graph on this
+        machine: the shortest probed prompt from which it is faster at every longer one (None where it never is).
+        Measured once per machine and thread count and kept beside the graphs (the cache is the machine's own), so
+        every run here runs a prompt by the same graph: a prompt's plain decoding and its methods must share it."""
+        key = f"threads={threads}"
+        try:
+            kept = json.loads(record.read_text())
+        except (OSError, ValueError):
+            kept = {}
+        if key in kept:
+            return kept[key]["rows"]
+        generator, ms = torch.Generator().manual_seed(0), {}
+        for n in (p for p in PREFILL_PROBE_ROWS if p <= self.positions):
+            ids = torch.randint(self.vocab, (1, n), generator=generator)
+            runs = {graph: [] for graph in (None, 1)}  # the verify graph, the prefill graph
+            for _ in range(PREFILL_PROBE_TRIES):
+                for graph in runs:
+                    self.prefill_rows = graph
+                    start = time.perf_counter()
+                    self(input_ids=ids, past_key_values=DynamicCache(config=self.config), logits_to_keep=1)
+                    runs[graph].append((time.perf_counter() - start) * 1e3)
+            ms[n] = [round(min(runs[None]), 2), round(min(runs[1]), 2)]
+        faster = [n for n, (verify, prefill) in ms.items() if prefill < verify]
+        rows = next((n for n in faster if all(m in faster for m in ms if m >= n)), None)
+        kept[key] = {"rows": rows, "ms_verify_vs_prefill": ms}
+        write_atomic(record, json.dumps(kept, indent=1))
+        return rows
 
     @torch.inference_mode()
     def _lone_row_kept(self) -> bool:
@@ -152,11 +213,12 @@ class OnnxRuntimeForward(GraphForward):
         keep = kept_rows(logits_to_keep, n)
         projected = keep if self.attention_pad else _projected(keep, rows)
         logits = torch.empty(1, len(projected), self.vocab)
-        buffer.bind({"input_ids": ids, "position_ids": positions.astype(np.int64)[None], "attention_bias": bias,
-                     "attention_mask": np.ones((1, past + rows), np.int64), **_indices(rows, hidden),
-                     "logits_rows": _logits_rows(tuple(projected.tolist()))})
-        buffer.binding.bind_output("logits", "cpu", 0, np.float32, tuple(logits.shape), logits.data_ptr())
-        self.session.run_with_iobinding(buffer.binding)
+        prefill = self.prefill_rows is not None and past == 0 and n >= self.prefill_rows
+        call = buffer.bindings[1 if prefill else 0]
+        call.bind({"input_ids": ids, "position_ids": positions.astype(np.int64)[None], "attention_bias": bias,
+                   "attention_mask": np.ones((1, past + rows), np.int64), **_indices(rows, hidden),
+                   "logits_rows": _logits_rows(tuple(projected.tolist()))})
+        call.run(logits)
         view_layers(cache, buffer, past + n, self.layers)
         # the logits alone: the cache grew in place, and a cache in the output takes transformers' deprecated
         # `past_key_values` path, a visible share of a one-row step's Python

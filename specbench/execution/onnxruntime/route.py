@@ -9,7 +9,7 @@ import importlib.util
 import torch
 
 from specbench.errors import SpecbenchError
-from specbench.execution.onnxruntime.export import BuildFailed, export
+from specbench.execution.onnxruntime.export import PREFILL_GRAPH, BuildFailed, export
 from specbench.execution.onnxruntime.forward import OnnxRuntimeForward
 from specbench.models.loading import LoadedModel
 from specbench.models.shape import cache_problem
@@ -70,6 +70,7 @@ def with_onnxruntime(target: LoadedModel, weights: str) -> LoadedModel:
         folder = export(target, builder_format(weights))
     except BuildFailed as exc:
         raise SpecbenchError(f"model.backend=onnxruntime cannot run {target.name}: {exc}") from None
+    prefill = folder / PREFILL_GRAPH
     forward = OnnxRuntimeForward(target.model, str(folder / "verify.onnx"), torch.get_num_threads(),
-                                 chains_only=weights != "fp")
+                                 chains_only=weights != "fp", prefill_path=str(prefill) if prefill.exists() else None)
     return dataclasses.replace(target, model=forward, backend="onnxruntime", weights=weights)
