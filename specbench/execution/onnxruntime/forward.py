@@ -95,8 +95,6 @@ class OnnxRuntimeForward(GraphForward):
     def __init__(self, model: nn.Module, path: str, threads: int, chains_only: bool,
                  prefill_path: str | None = None) -> None:
         super().__init__(model)
-        import onnxruntime as ort
-
         # int8 activations turn a tree row's float rounding (its attention sums its keys in other lanes when a sibling
         # sits between them) into tenths of a logit; a chain's rows are bitwise its plain decoding's
         # (experiments/onnxruntime_verify), so the Decoder verifies a draft's first path only
@@ -105,10 +103,11 @@ class OnnxRuntimeForward(GraphForward):
         # between two calls waits for the core a spinner holds, and turning the spinning off lengthens every call. So
         # the Decoder runs torch's small ops on one thread around this forward (experiments/onnxruntime_verify)
         self.torch_threads = 1
-        options = ort.SessionOptions()
-        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-        sessions = [ort.InferenceSession(p, options, providers=["CPUExecutionProvider"])
-                    for p in (path, prefill_path) if p is not None]
+        sessions = [_session(path, threads)]
+        if prefill_path is not None:
+            # its pool stops spinning when a prompt's call returns: left spinning, it held a core through the steps
+            # after it, which ran 1-2 ms a token slower (experiments/onnxruntime_verify)
+            sessions.append(_session(prefill_path, threads, {"session.force_spinning_stop": "1"}))
         self.session = sessions[0]
         self.vocab = model.config.vocab_size
         self.positions = model.config.max_position_embeddings
@@ -223,6 +222,17 @@ class OnnxRuntimeForward(GraphForward):
         # the logits alone: the cache grew in place, and a cache in the output takes transformers' deprecated
         # `past_key_values` path, a visible share of a one-row step's Python
         return CausalLMOutputWithPast(logits=logits[:, :len(keep)])
+
+
+def _session(path: str, threads: int, config: dict[str, str] | None = None):
+    """An ONNX Runtime session of the graph at `path` on `threads` threads, on the CPU."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    for key, value in (config or {}).items():
+        options.add_session_config_entry(key, value)
+    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
 
 
 @functools.lru_cache(maxsize=64)
