@@ -153,7 +153,10 @@ class OnnxRuntimeForward(GraphForward):
         faster = [n for n, (verify, prefill) in ms.items() if prefill < verify]
         rows = next((n for n in faster if all(m in faster for m in ms if m >= n)), None)
         kept[key] = {"rows": rows, "ms_verify_vs_prefill": ms}
-        write_atomic(record, json.dumps(kept, indent=1))
+        try:
+            write_atomic(record, json.dumps(kept, indent=1))
+        except OSError as exc:  # a cache this process cannot write: the next run measures again
+            print(f"notice: cannot keep the prefill graph's measured rows in {record} ({exc.strerror or exc})")
         return rows
 
     @torch.inference_mode()
