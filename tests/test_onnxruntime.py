@@ -195,10 +195,10 @@ def test_the_prefill_graph_is_the_verify_graph_on_float_activations_and_only_whe
 @needs_onnxruntime
 @pytest.mark.slow
 def test_where_the_prefill_graph_starts_is_measured_once_per_machine_and_thread_count_and_then_read(tiny, tmp_path,
-                                                                                                   monkeypatch):
+                                                                                                   monkeypatch, capsys):
     """The route's folder keeps the rows from which a prompt runs the prefill graph, per thread count: a second
     forward on it reads them (here edited to 7) instead of timing the graphs again, so every run on this machine
-    prefills a prompt by the same graph."""
+    prefills a prompt by the same graph; a record holding no row count says so in one line and is measured again."""
     from specbench.execution.onnxruntime.export import PREFILL_GRAPH, export
     from specbench.execution.onnxruntime.forward import OnnxRuntimeForward
 
@@ -211,4 +211,8 @@ def test_where_the_prefill_graph_starts_is_measured_once_per_machine_and_thread_
     assert first.prefill_rows == kept["rows"] and set(kept["ms_verify_vs_prefill"]) == {"16", "32", "64", "128", "256"}
     record.write_text(json.dumps({"threads=2": {"rows": 7, "ms_verify_vs_prefill": {}}}))
     assert OnnxRuntimeForward(tiny.model, *paths[:3], prefill_path=paths[3]).prefill_rows == 7
+    record.write_text(json.dumps({"threads=2": {"rows": "many"}}))  # a hand-edited record is not trusted
+    again = OnnxRuntimeForward(tiny.model, *paths[:3], prefill_path=paths[3])
+    assert "rows='many' for threads=2, not a row count >= 1 or null; measuring again" in capsys.readouterr().out
+    assert again.prefill_rows == json.loads(record.read_text())["threads=2"]["rows"] != "many"
     assert OnnxRuntimeForward(tiny.model, *paths[:3]).prefill_rows is None  # no prefill graph: every call verifies

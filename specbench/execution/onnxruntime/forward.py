@@ -106,7 +106,7 @@ class OnnxRuntimeForward(GraphForward):
         sessions = [_session(path, threads)]
         if prefill_path is not None:
             # its pool stops spinning when a prompt's call returns: left spinning, it held a core through the steps
-            # after it, which ran 1-2 ms a token slower (experiments/onnxruntime_verify)
+            # after it, which ran slower (experiments/onnxruntime_verify)
             sessions.append(_session(prefill_path, threads, {"session.force_spinning_stop": "1"}))
         self.session = sessions[0]
         self.vocab = model.config.vocab_size
@@ -137,8 +137,13 @@ class OnnxRuntimeForward(GraphForward):
             kept = json.loads(record.read_text())
         except (OSError, ValueError):
             kept = {}
-        if key in kept:
-            return kept[key]["rows"]
+        kept = kept if isinstance(kept, dict) else {}
+        entry = kept.get(key)
+        if isinstance(entry, dict) and "rows" in entry:
+            if entry["rows"] is None or (type(entry["rows"]) is int and entry["rows"] >= 1):
+                return entry["rows"]
+            print(f"notice: {record} holds rows={entry['rows']!r} for {key}, not a row count >= 1 or null; "
+                  f"measuring again")
         generator, ms = torch.Generator().manual_seed(0), {}
         for n in (p for p in PREFILL_PROBE_ROWS if p <= self.positions):
             ids = torch.randint(self.vocab, (1, n), generator=generator)
@@ -241,14 +246,21 @@ def _session(path: str, threads: int, config: dict[str, str] | None = None):
 @functools.lru_cache(maxsize=64)
 def _indices(rows: int, hidden: int) -> dict[str, np.ndarray]:
     """The attention's rows (a pad row repeats the last real one) and those it hands on: the same arrays for every
-    call of one shape, so a step binds them once (OnnxRuntimeBuffer.bind)."""
-    return {"attention_rows": np.minimum(np.arange(rows), hidden - 1), "attention_kept": np.arange(hidden)}
+    call of one shape, so a step binds them once (SessionBinding.bind); read-only, being shared."""
+    return {"attention_rows": _frozen(np.minimum(np.arange(rows), hidden - 1)),
+            "attention_kept": _frozen(np.arange(hidden))}
 
 
 @functools.lru_cache(maxsize=256)
 def _logits_rows(rows: tuple[int, ...]) -> np.ndarray:
-    """The rows the LM head projects, one array per set of rows (OnnxRuntimeBuffer.bind binds it once)."""
-    return np.array(rows, np.int64)
+    """The rows the LM head projects, one array per set of rows (SessionBinding.bind binds it once); read-only."""
+    return _frozen(np.array(rows, np.int64))
+
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+    """`array` made read-only: the cached index arrays are bound by address and shared by every call of a shape."""
+    array.flags.writeable = False
+    return array
 
 
 def _projected(keep: torch.Tensor, rows: int) -> torch.Tensor:
