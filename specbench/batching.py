@@ -166,9 +166,9 @@ class BatchDecoder(Decoder):
                 self._log_probs(gen, states[i].last.logits, new_tokens[k])
                 gen.kv_peak_bytes = max(gen.kv_peak_bytes, share + drafters[i].cache_bytes())
                 rows_i = len(tree) + (0 if extras[k] is None else len(extras[k][1]))
-                gen.steps.append(StepRecord(rows_i, int(tree.depths.max()), acc.accepted, draft_time=draft_times[k],
+                gen.steps.append(StepRecord(rows_i, tree.depth(), acc.accepted, draft_time=draft_times[k],
                                             verify_time=timer.seconds(t1, t2), step_time=timer.seconds(t0, t4),
-                                            tried_deeper=bool((tree.parents == acc.path[-1]).any())))
+                                            tried_deeper=tree.has_children(acc.path[-1])))
             run.steps.append(BatchStep(len(live), rows, past_len, sum(map(len, new_tokens)), sum(draft_times),
                                        verify_time=timer.seconds(t1, t2), step_time=timer.seconds(t0, t4)))
             live = self._retire(cache, live, committed, gens, new_tokens, finished)

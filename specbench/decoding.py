@@ -136,7 +136,8 @@ class Decoder:
                 gen.kv_peak_bytes = max(gen.kv_peak_bytes, cache_bytes(cache) + self.drafter.cache_bytes())
             acc = self.acceptance.accept(tree, vout.logits[: len(tree)], self.sampling, generator)
             commit_path(cache, past_len, acc.path)
-            new_tokens = tree.tokens[acc.path[1:]].tolist() + [acc.next_token]
+            drafted = tree.tokens.tolist()
+            new_tokens = [drafted[node] for node in acc.path[1:]] + [acc.next_token]
             state.tokens.extend(new_tokens)
             state.last = path_rows(vout, acc.path)
             t3 = timer.mark()
@@ -145,10 +146,10 @@ class Decoder:
             timer.sync()
             gen.tokens.extend(new_tokens)
             self._log_probs(gen, state.last.logits, new_tokens)
-            gen.steps.append(StepRecord(rows, int(tree.depths.max()), acc.accepted,
+            gen.steps.append(StepRecord(rows, tree.depth(), acc.accepted,
                                         draft_time=timer.seconds(t0, t1) + timer.seconds(t3, t4),
                                         verify_time=timer.seconds(t1, t2), step_time=timer.seconds(t0, t4),
-                                        tried_deeper=bool((tree.parents == acc.path[-1]).any())))
+                                        tried_deeper=tree.has_children(acc.path[-1])))
             done = self._finished(gen, new_tokens)
 
         gen.tokens = self._truncate(gen.tokens)

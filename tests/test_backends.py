@@ -223,25 +223,35 @@ def test_openvino_reads_each_cache_in_place_and_another_cache_between_its_steps_
 
 
 def test_a_buffer_holds_a_cache_whose_layers_view_it_and_no_other():
-    """The runtimes' cache buffer (execution/cache_views.py) reads a cache in place only where every layer views its
-    slots: its own views at once, a crop of them by address, and not a cache with one layer moved elsewhere or
-    another cache's layers."""
+    """The runtimes' cache buffer (execution/cache_views.py) reads a cache in place only where its layers are the
+    buffer's own: its BufferLayers, cropped and grown by their length alone, and not a cache with one layer moved
+    elsewhere or another cache's layers; a layer's keys and values are the buffer's leading slots, written in place."""
     from transformers import LlamaConfig
+    from transformers.cache_utils import DynamicLayer
 
     from specbench.execution.cache_views import CacheBuffer, view_layers
 
     config = LlamaConfig(num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=2, hidden_size=8)
     buffer = CacheBuffer((6, 2, 4), 16)
+    buffer.memory.copy_(torch.randn(buffer.memory.shape))
     cache, other = DynamicCache(config=config), DynamicCache(config=config)
     view_layers(cache, buffer, 5, 3)
     assert buffer.holds(cache) and cache.get_seq_length() == 5
+    assert torch.equal(cache.layers[1].values, buffer.memory[3, :, :, :5])
     cache.crop(-2)
-    assert buffer.holds(cache) and cache.get_seq_length() == 3
+    assert buffer.holds(cache) and cache.get_seq_length() == 3 and cache.layers[2].keys.shape[-2] == 3
+    cache.layers[0].keys[..., 1, :] = 7.0  # a commit writes through the view
+    assert torch.all(buffer.memory[0, :, :, 1] == 7.0)
+    view_layers(cache, buffer, 4, 3)
+    assert all(layer.get_seq_length() == 4 for layer in cache.layers) and buffer.holds(cache)
     view_layers(other, CacheBuffer((6, 2, 4), 16), 5, 3)
     assert not buffer.holds(other)
-    view_layers(cache, buffer, 4, 3)
-    cache.layers[2].values = cache.layers[2].values.clone()
+    moved = DynamicLayer()
+    moved.update(cache.layers[2].keys.clone(), cache.layers[2].values.clone())
+    cache.layers = [*cache.layers[:2], moved]
     assert not buffer.holds(cache)
+    with pytest.raises(TypeError, match="written by its runtime"):
+        other.update(torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4), 0)
 
 
 @pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed")

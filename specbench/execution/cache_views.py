@@ -8,6 +8,7 @@ import weakref
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 # a cache buffer's capacity is a multiple of this many tokens: the attention's input shapes change only when a cache
 # outgrows it, which costs one copy of the cache and, on OpenVINO, the CPU plugin's preparation of those nodes for the
@@ -24,18 +25,12 @@ class CacheBuffer:
         self.capacity = capacity
         self.memory = torch.zeros(layers_kv, 1, kv_heads, capacity, width)
         self.layers = self.memory.unbind(0)
-        # each layer's address and strides, read once: a cache's layers are checked against them on every call
-        self._slots = [(t.data_ptr(), t.stride()) for t in self.layers]
-        self.viewed: tuple = ()  # the views view_layers last gave a cache's layers
+        self.installed: list = []  # the BufferLayers view_layers last gave a cache, as that cache's own list
 
     def holds(self, cache) -> bool:
-        """Whether every layer of `cache` views this buffer's leading slots (its rows lie where the runtime reads):
-        at once where the layers are still the views view_layers gave them (every one-row step), else by address."""
-        if len(self.viewed) == 2 * len(cache.layers) and all(
-                t is view for t, view in zip(layer_tensors(cache), self.viewed)):
-            return True
-        return all(t.data_ptr() == address and t.stride() == strides
-                   for t, (address, strides) in zip(layer_tensors(cache), self._slots))
+        """Whether `cache`'s layers are this buffer's (its rows lie where the runtime reads): the very list of
+        BufferLayers view_layers gave it, one identity check a call."""
+        return cache.layers is self.installed
 
     def take(self, cache, past: int) -> None:
         """`cache`'s `past` rows copied in, unless they already lie here: a cache filled elsewhere, or outgrowing its
@@ -62,18 +57,46 @@ class CacheBuffers:
         return buffer
 
 
-def view_layers(cache: DynamicCache, buffer, length: int, layers: int) -> None:
-    """`cache`'s layers made views of the first `length` slots of `buffer.memory` (2 x layers, 1, kv heads, capacity,
-    head dim); layers a DynamicCache made without a config has not built yet are added, as its update would. One
-    slice and one unbind make all the views, where a slice per layer is a visible share of a one-row step
-    (experiments/openvino_engine_speed, parity_sdopenvino)."""
-    if cache.layer_class_to_replicate is not None:
-        cache.layers.extend(cache.layer_class_to_replicate() for _ in range(layers - len(cache.layers)))
-    views = buffer.viewed = buffer.memory[:, :, :, :length].unbind(0)
-    for layer, keys, values in zip(cache.layers, views[0::2], views[1::2]):
-        if not layer.is_initialized:
-            layer.lazy_initialization(keys, values)
-        layer.keys, layer.values = keys, values
+class BufferLayer(DynamicLayer):
+    """One layer of a cache whose rows lie in a CacheBuffer: its keys and values are the first `length` slots of the
+    buffer's, viewed when read. A step moves `length`; making 60 views a step instead (a tensor each for every layer's
+    keys and values) was the largest share of a one-row step's Python (experiments/onnxruntime_verify)."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
+        self._keys, self._values, self.length = keys, values, length  # (1, kv heads, capacity, head dim) slots
+        self.device, self.is_initialized = keys.device, True
+
+    @property
+    def keys(self) -> torch.Tensor:
+        return self._keys[:, :, :self.length]
+
+    @property
+    def values(self) -> torch.Tensor:
+        return self._values[:, :, :self.length]
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """DynamicLayer's meaning (a negative count of rows to drop); only the length moves."""
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop takes a negative count of rows to drop, not {tokens_to_remove}")
+        self.length = max(self.length + tokens_to_remove, 0)
+
+    def update(self, *args, **kwargs):
+        raise TypeError("a BufferLayer's rows are written by its runtime's forward in place, not appended by update")
+
+
+def view_layers(cache: DynamicCache, buffer: CacheBuffer, length: int, layers: int) -> None:
+    """`cache`'s layers made the first `length` slots of `buffer.memory` (2 x layers, 1, kv heads, capacity, head dim):
+    BufferLayers given to it once (its earlier layers, rows already taken into the buffer, replaced), their length
+    moved on every later call."""
+    if cache.layers is not buffer.installed:
+        cache.layers = buffer.installed = [BufferLayer(keys, values, length) for keys, values in
+                                           zip(buffer.layers[0:2 * layers:2], buffer.layers[1:2 * layers:2])]
+        return
+    for layer in buffer.installed:
+        layer.length = length
 
 
 def layer_tensors(cache: DynamicCache):

@@ -4,8 +4,20 @@ generation config; float32 activations on the embedding's device."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
+
+
+@dataclass(slots=True)
+class GraphOutput:
+    """A graph forward's outputs, by the names transformers' CausalLMOutputWithPast gives them (the methods read
+    these two): a ModelOutput's construction (its __post_init__ over every field) was a visible share of a one-row
+    step's Python (experiments/onnxruntime_verify), and the cache grew in place, so there is none to return."""
+
+    logits: torch.Tensor
+    hidden_states: tuple[torch.Tensor, ...] | None = None
 
 
 class GraphForward(nn.Module):

@@ -8,6 +8,7 @@ and the root-to-leaf paths.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -51,16 +52,17 @@ class TokenTree:
     @classmethod
     def chain(cls, root: int, draft: list[int] | torch.Tensor, draft_probs: torch.Tensor | None = None) -> "TokenTree":
         """The root and `draft` one after another. A chain is a valid tree by construction, so it is built without
-        __post_init__'s checks and its walk over the parents: plain decoding builds one every step, where they were a
-        visible share of a one-row step's Python (experiments/onnxruntime_verify)."""
-        draft = torch.as_tensor(draft, dtype=torch.long).reshape(-1)
-        n = draft.numel() + 1
+        __post_init__'s checks and its walk over the parents, its tokens by one tensor and its parents and depths
+        shared by every chain of its length: plain decoding builds one every step, where each torch op was a visible
+        share of a one-row step's Python (experiments/onnxruntime_verify)."""
+        draft = draft.tolist() if isinstance(draft, torch.Tensor) else list(draft)
+        n = len(draft) + 1
         if draft_probs is not None and draft_probs.shape[0] != n:
             raise SpecbenchError(f"TokenTree draft_probs has {draft_probs.shape[0]} rows for {n} nodes")
         tree = cls.__new__(cls)
-        tree.tokens, tree.parents, tree.draft_probs = torch.cat([torch.tensor([root]), draft]), torch.arange(-1, n - 1), \
-            draft_probs
-        tree.depths, tree._chain = torch.arange(n), True
+        tree.tokens, tree.draft_probs = torch.tensor([int(root), *draft], dtype=torch.long), draft_probs
+        tree.parents, tree.depths = _chain_index(n)
+        tree._chain = True
         return tree
 
     def __len__(self) -> int:
@@ -82,6 +84,13 @@ class TokenTree:
         probs = None if self.draft_probs is None else self.draft_probs[nodes]
         return TokenTree(self.tokens[nodes], torch.arange(-1, len(nodes) - 1), probs)
 
+    def depth(self) -> int:
+        """The deepest node's depth (0 for the root alone)."""
+        return len(self) - 1 if self._chain else int(self.depths.max())
+
+    def has_children(self, node: int) -> bool:
+        return node < len(self) - 1 if self._chain else bool((self.parents == node).any())
+
     def children(self, node: int) -> list[int]:
         return (self.parents == node).nonzero().flatten().tolist()
 
@@ -102,3 +111,10 @@ class TokenTree:
             path.append(node)
             node = int(self.parents[node])
         return path[::-1]
+
+
+@functools.lru_cache(maxsize=64)
+def _chain_index(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A chain of n nodes' parents and depths, shared by every chain of that length (a TokenTree's index tensors are
+    read, never written)."""
+    return torch.arange(-1, n - 1), torch.arange(n)

@@ -33,11 +33,10 @@ import numpy as np
 import torch
 from torch import nn
 from transformers import DynamicCache
-from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from specbench.errors import SpecbenchError
 from specbench.execution.cache_views import CacheBuffer, CacheBuffers, full_mask, kept_rows, view_layers
-from specbench.execution.graph_forward import GraphForward
+from specbench.execution.graph_forward import GraphForward, GraphOutput
 from specbench.files import write_atomic
 from specbench.models.shape import head_dim
 
@@ -227,9 +226,7 @@ class OnnxRuntimeForward(GraphForward):
                    "logits_rows": _logits_rows(tuple(projected.tolist()))})
         call.run(logits)
         view_layers(cache, buffer, past + n, self.layers)
-        # the logits alone: the cache grew in place, and a cache in the output takes transformers' deprecated
-        # `past_key_values` path, a visible share of a one-row step's Python
-        return CausalLMOutputWithPast(logits=logits[:, :len(keep)])
+        return GraphOutput(logits=logits[:, :len(keep)])
 
 
 def _session(path: str, threads: int, config: dict[str, str] | None = None):

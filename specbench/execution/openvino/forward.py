@@ -18,12 +18,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 from transformers import DynamicCache
-from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from specbench.errors import SpecbenchError
 from specbench.execution.cache_views import (CACHE_STEP, CacheBuffer, CacheBuffers, causal_chain, full_mask,
                                              kept_rows, layer_tensors, view_layers)
-from specbench.execution.graph_forward import GraphForward
+from specbench.execution.graph_forward import GraphForward, GraphOutput
 from specbench.execution.openvino.attention import RECENT_DEPTH, window_inputs
 from specbench.execution.openvino.compile import SIZED_ROWS, StaticModels
 from specbench.execution.openvino.export import INPUTS
@@ -122,7 +121,7 @@ class OpenVinoForward(GraphForward):
         # copies of the outputs: the request reuses its buffers on the next call
         logits = _kept(logits, logits_to_keep, n) if rows else logits.clone()
         hidden = hidden[:, :, :n].clone().unbind(0) if output_hidden_states else None
-        return CausalLMOutputWithPast(logits=logits, hidden_states=hidden)
+        return GraphOutput(logits=logits, hidden_states=hidden)
 
     def _batched(self, embeds, mask, position_ids, cache: DynamicCache, output_hidden_states: bool, logits_to_keep):
         """A batch of sequences on the dynamic model: the cache copied into the request's own input memory (padded to
@@ -147,7 +146,7 @@ class OpenVinoForward(GraphForward):
         for layer in range(self.layers):  # copies: the request's output buffers are reused by the next call
             cache.update(new[2 * layer, :, :, :n].clone(), new[2 * layer + 1, :, :, :n].clone(), layer)
         hidden = hidden[:, :, :n].clone().unbind(0) if output_hidden_states else None
-        return CausalLMOutputWithPast(logits=logits.clone(), hidden_states=hidden)
+        return GraphOutput(logits=logits.clone(), hidden_states=hidden)
 
     def _in_pieces(self, embeds, mask, position_ids, cache: DynamicCache, output_hidden_states: bool):
         """A row-invariant call too deep for recent_attention's window (a long chain after the prompt) as consecutive
@@ -164,7 +163,7 @@ class OpenVinoForward(GraphForward):
                              output_hidden_states=output_hidden_states) for i in range(0, n, RECENT_DEPTH)]
         hidden = tuple(torch.cat(layer, 1) for layer in zip(*(o.hidden_states for o in outs))) \
             if output_hidden_states else None
-        return CausalLMOutputWithPast(logits=torch.cat([o.logits for o in outs], 1), hidden_states=hidden)
+        return GraphOutput(logits=torch.cat([o.logits for o in outs], 1), hidden_states=hidden)
 
     def compile_ahead(self, shortest: int, longest: int) -> None:
         """Compile now the static models of every row count up to the most this forward has run at, for every
