@@ -229,7 +229,8 @@ def test_a_buffer_holds_a_cache_whose_layers_view_it_and_no_other():
     from transformers import LlamaConfig
     from transformers.cache_utils import DynamicLayer
 
-    from specbench.execution.cache_views import CacheBuffer, view_layers
+    from specbench.execution.cache_views import CacheBuffer, layer_tensors, view_layers
+    from specbench.verification import cache_bytes
 
     config = LlamaConfig(num_hidden_layers=3, num_attention_heads=2, num_key_value_heads=2, hidden_size=8)
     buffer = CacheBuffer((6, 2, 4), 16)
@@ -238,6 +239,7 @@ def test_a_buffer_holds_a_cache_whose_layers_view_it_and_no_other():
     view_layers(cache, buffer, 5, 3)
     assert buffer.holds(cache) and cache.get_seq_length() == 5
     assert torch.equal(cache.layers[1].values, buffer.memory[3, :, :, :5])
+    assert cache_bytes(cache) == sum(t.numel() * t.element_size() for t in layer_tensors(cache)) == 3 * 2 * 5 * 8 * 4
     cache.crop(-2)
     assert buffer.holds(cache) and cache.get_seq_length() == 3 and cache.layers[2].keys.shape[-2] == 3
     cache.layers[0].keys[..., 1, :] = 7.0  # a commit writes through the view
@@ -252,6 +254,26 @@ def test_a_buffer_holds_a_cache_whose_layers_view_it_and_no_other():
     assert not buffer.holds(cache)
     with pytest.raises(TypeError, match="written by its runtime"):
         other.update(torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4), 0)
+
+
+def test_a_dead_caches_buffer_serves_the_next_cache_of_its_capacity_and_no_live_one():
+    """CacheBuffers hands a dead cache's buffer to the next cache of that capacity (a new one is zeroed and faulted in
+    on the timed path), never a live cache's, and keeps the last SPARE capacities only."""
+    from specbench.execution.cache_views import CACHE_STEP, CacheBuffers
+
+    buffers = CacheBuffers((6, 2, 4))
+    cache = DynamicCache()
+    first = buffers.holding(cache, 10)
+    live = DynamicCache()
+    assert buffers.holding(live, 10) is not first  # both alive: each its own
+    del cache
+    again = DynamicCache()
+    assert buffers.holding(again, CACHE_STEP) is first  # the same capacity
+    grown = buffers.holding(again, CACHE_STEP + 1)
+    assert grown is not first and grown.capacity == 2 * CACHE_STEP
+    del again, live  # both of its buffers and the live one's come back: three, of which the last two are kept
+    kept = [buffers.holding(DynamicCache(), c * CACHE_STEP) for c in (1, 2)]
+    assert kept[1] is grown and kept[0] is not first
 
 
 @pytest.mark.skipif(NO_OPENVINO, reason="openvino or nncf is not installed")

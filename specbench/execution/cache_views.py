@@ -42,19 +42,36 @@ class CacheBuffer:
 
 class CacheBuffers:
     """Each cache's buffer (`make(shape, capacity)`, a CacheBuffer), held while the cache lives; shared by the
-    forwards that run one cache (OpenVINO's w4a8r prefill and its steps), so a cache never moves between them."""
+    forwards that run one cache (OpenVINO's w4a8r prefill and its steps), so a cache never moves between them.
+
+    A dead cache's buffers are kept for the next cache of that capacity (the last SPARE of them): a new buffer's
+    memory is zeroed and faulted in page by page, tens of milliseconds at a long prompt's capacity, paid in every
+    answer's timed prefill and again where it outgrows it. Their stale slots are finite, as a masked slot must be."""
+
+    SPARE = 2
 
     def __init__(self, shape: tuple[int, int, int], make=CacheBuffer) -> None:
         self.shape, self.make = shape, make
         self._of: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._spare: dict[int, CacheBuffer] = {}  # capacity -> a buffer no live cache holds, oldest first
 
     def holding(self, cache, tokens: int) -> CacheBuffer:
-        """`cache`'s buffer with room for `tokens`: a new one (the next multiple of CACHE_STEP) when it has none or
-        less; the caller has the cache's rows taken into it (CacheBuffer.take)."""
+        """`cache`'s buffer with room for `tokens`: another one (the next multiple of CACHE_STEP, a spare one of that
+        capacity where there is one) when it has none or less; the caller has the cache's rows taken into it
+        (CacheBuffer.take)."""
         buffer = self._of.get(cache)
         if buffer is None or buffer.capacity < tokens:
-            buffer = self._of[cache] = self.make(self.shape, -(-tokens // CACHE_STEP) * CACHE_STEP)
+            capacity = -(-tokens // CACHE_STEP) * CACHE_STEP
+            buffer = self._spare.pop(capacity, None) or self.make(self.shape, capacity)
+            self._of[cache] = buffer
+            weakref.finalize(cache, self._release, buffer)
         return buffer
+
+    def _release(self, buffer: CacheBuffer) -> None:
+        self._spare.pop(buffer.capacity, None)
+        self._spare[buffer.capacity] = buffer
+        while len(self._spare) > self.SPARE:
+            del self._spare[next(iter(self._spare))]
 
 
 class BufferLayer(DynamicLayer):
@@ -76,6 +93,10 @@ class BufferLayer(DynamicLayer):
 
     def get_seq_length(self) -> int:
         return self.length
+
+    def nbytes(self) -> int:
+        """The keys' and values' bytes, as the views would count them."""
+        return 2 * self.length * self._keys[:, :, 0].numel() * self._keys.element_size()
 
     def crop(self, tokens_to_remove: int) -> None:
         """DynamicLayer's meaning (a negative count of rows to drop); only the length moves."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from specbench.execution.cache_views import BufferLayer
 from specbench.execution.graphs import StaticForward
 from specbench.execution.static_cache import SlotCache
 
@@ -49,6 +50,9 @@ def commit_path(cache, past_len: int, path: list[int]) -> None:
 def cache_bytes(cache) -> int:
     total = 0
     for layer in cache.layers:
+        if isinstance(layer, BufferLayer):  # sized without the views its keys and values make when read
+            total += layer.nbytes()
+            continue
         for t in (getattr(layer, "keys", None), getattr(layer, "values", None)):
             if isinstance(t, torch.Tensor):
                 total += t.numel() * t.element_size()
