@@ -216,14 +216,16 @@ class OnnxRuntimeForward(GraphForward):
         if attention_mask is not None:
             bias[0, 0, :n, :past + n][~full_mask(attention_mask, 1, n, past)[0, 0].numpy()] = NEGATIVE
             bias[0, 0, :n, past + n:] = NEGATIVE
-        keep = kept_rows(logits_to_keep, n)
+        # the kept rows as a tuple: torch ops are the dearest Python between two runs (experiments/onnxruntime_verify)
+        keep = tuple(range(n - logits_to_keep if logits_to_keep else 0, n)) if isinstance(logits_to_keep, int) \
+            else tuple(kept_rows(logits_to_keep, n).tolist())
         projected = keep if self.attention_pad else _projected(keep, rows)
         logits = torch.empty(1, len(projected), self.vocab)
         prefill = self.prefill_rows is not None and past == 0 and n >= self.prefill_rows
         call = buffer.bindings[1 if prefill else 0]
         call.bind({"input_ids": ids, "position_ids": positions.astype(np.int64)[None], "attention_bias": bias,
                    "attention_mask": np.ones((1, past + rows), np.int64), **_indices(rows, hidden),
-                   "logits_rows": _logits_rows(tuple(projected.tolist()))})
+                   "logits_rows": _logits_rows(projected)})
         call.run(logits)
         view_layers(cache, buffer, past + n, self.layers)
         return GraphOutput(logits=logits[:, :len(keep)])
@@ -260,11 +262,10 @@ def _frozen(array: np.ndarray) -> np.ndarray:
     return array
 
 
-def _projected(keep: torch.Tensor, rows: int) -> torch.Tensor:
+def _projected(keep: tuple[int, ...], rows: int) -> tuple[int, ...]:
     """The rows the LM head projects: the kept ones first, then others of the call up to MIN_ROWS, so the head too
     multiplies at least two rows (a prompt's last row alone would take the one-row kernel)."""
     if len(keep) >= MIN_ROWS:
         return keep
-    kept = set(keep.tolist())
-    others = [r for r in range(rows - 1, -1, -1) if r not in kept]
-    return torch.cat([keep, torch.tensor(others[:MIN_ROWS - len(keep)], dtype=torch.long)])
+    others = [r for r in range(rows - 1, -1, -1) if r not in keep]
+    return keep + tuple(others[:MIN_ROWS - len(keep)])
