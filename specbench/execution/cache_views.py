@@ -1,5 +1,5 @@
 """A cache whose keys and values live in one buffer a runtime reads in place (OpenVINO's and ONNX Runtime's
-forwards): the cache's layers made views of the buffer's leading slots, and the masks and rows such a forward reads
+forwards): the cache's layers made BufferLayers over the buffer's leading slots, and the masks and rows such a forward reads
 from a call as the methods make it."""
 
 from __future__ import annotations

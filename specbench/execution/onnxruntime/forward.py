@@ -3,9 +3,9 @@
 
 Every cache the adapter runs owns a buffer whose memory is each GroupQueryAttention node's past and present at once
 (ONNX Runtime's shared-buffer mode, as ONNX Runtime GenAI runs it): a call writes its rows' keys and values behind the
-cached ones in place and the cache's layers grow by views of them, so nothing is copied per call. The capacity steps
-by CACHE_STEP tokens, one copy of the rows moving the cache into a larger buffer. verification's commit_path and crop
-work on these views as on any tensor.
+cached ones in place and the cache's layers (BufferLayers) grow by them, so nothing is copied per call. The capacity
+steps by CACHE_STEP tokens, one copy of the rows moving the cache into a larger buffer. verification's commit_path and
+crop work on these layers as on any.
 
 Why every attention runs at least two rows: GroupQueryAttention over a cache sums a lone row in another order than the
 rows of a call of two or more (float rounding: MLAS's SGEMM runs a one-row product by its own kernel and packs the cache

@@ -1,11 +1,11 @@
 """The runtime adapter: a causal LM's forward as the methods call it, run by a compiled IR.
 
 A batch-1 call reads its cache where it already lies. Every cache the adapter runs owns a buffer (CacheBuffer) whose
-memory OpenVINO's requests read as their `past` input and whose leading slots the cache's layers view, so no call
+memory OpenVINO's requests read as their `past` input and whose leading slots the cache's layers are, so no call
 copies the cache in and none concatenates onto it: the new rows' keys and values are written behind the cached ones
 and the layers grow by them. The buffer's capacity steps by CACHE_STEP tokens (the attention's shapes move only
 then, and one copy of the rows moves the cache into a larger buffer); the slots past the cache are masked and finite.
-verification's commit_path and crop work on these views as on any tensor. A call of a few rows on a cache buffer runs
+verification's commit_path and crop work on these layers as on any. A call of a few rows on a cache buffer runs
 a model with every shape static, compiled for its row count and the buffer's capacity (compile.StaticModels: on the
 first call at that size, or ahead by `compile_ahead`); where there is none, a model compiled for its row count alone
 (compile.STATIC_ROWS). A longer prompt on an empty cache runs the prefill IR (attention.prefill_attention) and other
