@@ -254,6 +254,8 @@ def test_a_buffer_holds_a_cache_whose_layers_view_it_and_no_other():
     assert not buffer.holds(cache)
     with pytest.raises(TypeError, match="written by its runtime"):
         other.update(torch.zeros(1, 2, 1, 4), torch.zeros(1, 2, 1, 4), 0)
+    other.reset()
+    assert other.get_seq_length() == 0
 
 
 def test_a_dead_caches_buffer_serves_the_next_cache_of_its_capacity_and_no_live_one():

@@ -1,6 +1,6 @@
 """A cache whose keys and values live in one buffer a runtime reads in place (OpenVINO's and ONNX Runtime's
-forwards): the cache's layers made BufferLayers over the buffer's leading slots, and the masks and rows such a forward reads
-from a call as the methods make it."""
+forwards): the cache's layers made BufferLayers over the buffer's leading slots, and the masks and rows such a forward
+reads from a call as the methods make it."""
 
 from __future__ import annotations
 
@@ -103,6 +103,9 @@ class BufferLayer(DynamicLayer):
         if tokens_to_remove > 0:
             raise ValueError(f"crop takes a negative count of rows to drop, not {tokens_to_remove}")
         self.length = max(self.length + tokens_to_remove, 0)
+
+    def reset(self) -> None:
+        self.length = 0
 
     def update(self, *args, **kwargs):
         raise TypeError("a BufferLayer's rows are written by its runtime's forward in place, not appended by update")
