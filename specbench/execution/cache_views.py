@@ -128,12 +128,18 @@ def layer_tensors(cache: DynamicCache):
     return (t for layer in cache.layers for t in (layer.keys, layer.values))
 
 
-def kept_rows(logits_to_keep, n: int) -> torch.Tensor:
+def kept_row_indices(logits_to_keep, n: int) -> tuple[int, ...]:
     """The rows whose logits a call returns, as transformers' `logits_to_keep`: the last k for an int k (0: all),
-    or the given row indices."""
+    or the given row indices. A tuple, built without torch ops for an int: they are the dearest Python between two
+    runs of a one-row step (experiments/onnxruntime_verify)."""
     if isinstance(logits_to_keep, torch.Tensor):
-        return logits_to_keep.to(torch.long).reshape(-1)
-    return torch.arange(n - logits_to_keep if logits_to_keep else 0, n)
+        return tuple(logits_to_keep.reshape(-1).tolist())
+    return tuple(range(n - logits_to_keep if logits_to_keep else 0, n))
+
+
+def kept_rows(logits_to_keep, n: int) -> torch.Tensor:
+    """kept_row_indices as a tensor, for a forward that indexes or feeds its rows as one."""
+    return torch.tensor(kept_row_indices(logits_to_keep, n), dtype=torch.long)
 
 
 def causal_chain(mask: torch.Tensor, position_ids: torch.Tensor, past: int) -> bool:

@@ -35,7 +35,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from specbench.errors import SpecbenchError
-from specbench.execution.cache_views import CacheBuffer, CacheBuffers, full_mask, kept_rows, view_layers
+from specbench.execution.cache_views import CacheBuffer, CacheBuffers, full_mask, kept_row_indices, view_layers
 from specbench.execution.graph_forward import GraphForward, GraphOutput
 from specbench.files import write_atomic
 from specbench.models.shape import head_dim
@@ -216,9 +216,7 @@ class OnnxRuntimeForward(GraphForward):
         if attention_mask is not None:
             bias[0, 0, :n, :past + n][~full_mask(attention_mask, 1, n, past)[0, 0].numpy()] = NEGATIVE
             bias[0, 0, :n, past + n:] = NEGATIVE
-        # the kept rows as a tuple: torch ops are the dearest Python between two runs (experiments/onnxruntime_verify)
-        keep = tuple(range(n - logits_to_keep if logits_to_keep else 0, n)) if isinstance(logits_to_keep, int) \
-            else tuple(kept_rows(logits_to_keep, n).tolist())
+        keep = kept_row_indices(logits_to_keep, n)
         projected = keep if self.attention_pad else _projected(keep, rows)
         logits = torch.empty(1, len(projected), self.vocab)
         prefill = self.prefill_rows is not None and past == 0 and n >= self.prefill_rows
