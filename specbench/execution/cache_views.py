@@ -45,8 +45,8 @@ class CacheBuffers:
     forwards that run one cache (OpenVINO's w4a8r prefill and its steps), so a cache never moves between them.
 
     A dead cache's buffers are kept for the next cache of that capacity (the last SPARE of them): a new buffer's
-    memory is zeroed and faulted in page by page, tens of milliseconds at a long prompt's capacity, paid in every
-    answer's timed prefill and again where it outgrows it. Their stale slots are finite, as a masked slot must be."""
+    memory is zeroed and faulted in page by page, paid in every answer's timed prefill and again where it outgrows it
+    (experiments/onnxruntime_verify). Their stale slots are finite, as a masked slot must be."""
 
     SPARE = 2
 
