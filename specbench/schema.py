@@ -28,7 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from specbench.config import build
-from specbench.data.prompts import HELD_OUT_FROM, read_jsonl
+from specbench.data.prompts import HELD_OUT_FROM, check_prompts, read_jsonl
 from specbench.errors import SpecbenchError
 from specbench.evaluation.methods import resolve_entries
 from specbench.execution.value import Execution
@@ -118,7 +118,8 @@ class LlamaCppOptionsSchema:
 @dataclass
 class DatastoreSchema:
     corpus: str = setting(choices=["sharegpt", "self_distilled"])
-    num_conversations: int = setting(low=1, high=HELD_OUT_FROM)
+    num_conversations: int = setting(low=1)  # first turns: at most HELD_OUT_FROM (data/prompts.check_prompts)
+    turns: str = setting(choices=["first", "all"])  # datastore=self_distilled: the user turns answered
     max_tokens: Optional[int] = setting(low=1)
     path: Optional[str] = setting()
     # datastore=self_distilled: how the target answers, and ShareGPT indexed beside them (tasks/datastore.py)
@@ -150,6 +151,7 @@ class TrainDataSchema:
     max_length: int = setting(low=2)
     batch_size: int = setting(low=1)
     num_workers: int = setting(low=0)
+    feature_cache: bool = setting()
     self_distill: Optional[dict] = setting()
 
 
@@ -208,9 +210,16 @@ def _validate(cfg: DictConfig) -> None:
                           ("export", ExportSchema), ("replay", ReplaySchema)):
         if cfg.get(group) is not None:
             check_schema(group, _resolved(cfg, group), schema)
+    if cfg.get("datastore") is not None:  # held-out prompts stay out of a datastore
+        self_distilled = cfg.datastore.get("corpus") == "self_distilled"
+        turns = (cfg.datastore.get("turns") or "first") if self_distilled else "first"
+        check_prompts(turns, cfg.datastore.num_conversations, "datastore.num_conversations")
     if OmegaConf.select(cfg, "method.train") is not None:
         check_schema("method.train", _resolved(cfg, "method.train"), TrainSchema)
         check_schema("method.train.data", _resolved(cfg, "method.train.data"), TrainDataSchema)
+        data = cfg.method.train.data  # held-out prompts stay out of a drafter's data
+        check_prompts((data.self_distill or {}).get("turns") or "first", data.num_conversations,
+                      "method.train.data.num_conversations")
     shared = [k for k in cfg if k not in ("method", "tree", "accept")]
     for key in _targets(cfg, shared):
         check_target(key, _resolved(cfg, key))

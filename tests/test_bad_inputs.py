@@ -101,8 +101,13 @@ CASES = [
     (["method=medusa", "method.drafter.num_heads=abc"], "method.drafter.num_heads='abc' is invalid"),
     (['methods=[pld,{method:pld,label:x,overrides:["tree.budget=abc"]}]'],
      "methods entry 'x': tree.budget='abc' is invalid: it must be an integer"),
-    (["datastore.num_conversations=20000"], "datastore.num_conversations=20000 is invalid: it must be an integer "
-                                            "<= 10000"),
+    (["datastore.num_conversations=20000"], "datastore.num_conversations=20000 is invalid: ShareGPT's conversations "
+                                            "from 10,000 on are evaluation prompts"),
+    (["task=train", "method=eagle", "method.train.data.num_conversations=16384"],
+     "method.train.data.num_conversations=16384 is invalid: ShareGPT's conversations from 10,000 on are evaluation "
+     "prompts"),
+    (["task=train", "method=eagle", "+method.train.data.self_distill.turns=later"],
+     "self_distill turns='later' is invalid: pick one of ['first', 'all']"),
     (["task=train", "method=medusa", "method.train.epochs=abc"], "method.train.epochs='abc' is invalid"),
     (["task=train", "method=medusa", "method.train.module.lr=abc"], "method.train.module.lr='abc' is invalid"),
     (["task=train", "method=eagle", "method.train.data.num_workers=-1"],

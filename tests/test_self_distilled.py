@@ -37,7 +37,7 @@ def cache(tmp_path, monkeypatch):
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
     reads = []
     monkeypatch.setattr(sharegpt, "read_sharegpt", lambda n: reads.append(n) or CHATS[:n])
-    monkeypatch.setattr("specbench.tasks.datastore.read_sharegpt", sharegpt.read_sharegpt)
+    monkeypatch.setattr("specbench.data.prompts.read_sharegpt", sharegpt.read_sharegpt)
     return tmp_path / "cache"
 
 

@@ -228,3 +228,59 @@ def test_a_bad_worker_count_is_one_clear_error(tiny):
 
     with pytest.raises(SpecbenchError, match="num_workers=-1 is invalid"):
         ShareGPTDataModule(tiny.tokenizer, num_conversations=9, num_val=3, num_workers=-1)
+
+
+def test_without_the_feature_cache_the_module_computes_the_features_a_cached_batch_carries(tiny, tmp_path):
+    """train.data.feature_cache=false: no features are written, batches carry none, and the module's own forward of
+    the frozen target gives EAGLE the states the cache would have held (bf16 rows: to bf16 rounding), so the loss is
+    the cached run's."""
+    import torch
+
+    from specbench.training.datamodule import ShareGPTDataModule
+    from specbench.training.eagle import EagleModule
+    from specbench.training.self_distill import feature_dir
+
+    module = EagleModule(tiny.model, features="fused", draft_vocab=None, ttt_steps=2)
+    batches = {}
+    for cached in (True, False):
+        data = ShareGPTDataModule(tiny.tokenizer, num_conversations=9, num_val=3, max_length=64, batch_size=4,
+                                  self_distill={"max_prompt_tokens": 24, "max_new_tokens": 12, "dtype": "float32",
+                                                "batch_size": 4}, generator=tiny, cache_dir=tmp_path / str(cached),
+                                  feature_cache=cached)
+        data.trainer = type("T", (), {"lightning_module": module})()
+        data.prepare_data()
+        data.setup("fit")
+        batches[cached] = data.collate(data.train_set[:3])
+        assert feature_dir(data._cache()).exists() == cached
+    assert "hidden" not in batches[False] and torch.equal(batches[True]["input_ids"], batches[False]["input_ids"])
+    computed = module.target_states(batches[False])
+    assert computed.keys() == batches[True]["hidden"].keys()
+    for i, length in enumerate(batches[True]["attention_mask"].sum(-1).tolist()):
+        for layer, rows in computed.items():
+            torch.testing.assert_close(rows[i, : length - 1].float(), batches[True]["hidden"][layer][i, : length - 1]
+                                       .float(), atol=0.05, rtol=0.02)
+    with torch.no_grad():
+        losses = [module.training_step(batches[cached], 0) for cached in (True, False)]
+    torch.testing.assert_close(losses[0], losses[1], atol=0.05, rtol=0.02)
+
+
+def test_turns_all_answers_every_distinct_user_turn_of_the_held_in_conversations_only(monkeypatch):
+    from specbench.data import prompts
+
+    chats = [[{"role": "user", "content": f"question number {i} about something"},
+              {"role": "assistant", "content": "an answer"},
+              {"role": "user", "content": "continue"},  # too short to ask anything alone
+              {"role": "user", "content": f"question number {i} about something"}]  # a repeat
+             for i in range(prompts.HELD_OUT_FROM + 5)]
+    chats[1][2] = {"role": "user", "content": "a follow-up turn long enough to stand alone"}
+    monkeypatch.setattr(prompts, "read_sharegpt", lambda n: chats[:n])
+    got = [c[0]["content"] for c in prompts.training_prompts("all", prompts.HELD_OUT_FROM + 1)]
+    assert got[:3] == ["question number 0 about something", "question number 1 about something",
+                       "a follow-up turn long enough to stand alone"]
+    assert len(got) == len(set(got)) == prompts.HELD_OUT_FROM + 1
+    assert f"question number {prompts.HELD_OUT_FROM} about something" not in got  # the held-out conversations' turn
+    with pytest.raises(SpecbenchError, match=r"num_conversations=10002 is more prompts than turns=all holds: 10,001"):
+        prompts.training_prompts("all", prompts.HELD_OUT_FROM + 2)
+    with pytest.raises(SpecbenchError, match=r"num_conversations=10001 is invalid: ShareGPT's conversations from "
+                                             r"10,000 on are evaluation prompts"):
+        prompts.training_prompts("first", prompts.HELD_OUT_FROM + 1)

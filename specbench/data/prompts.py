@@ -91,6 +91,40 @@ def humaneval() -> list[Prompt]:
 
 
 HELD_OUT_FROM = 10_000  # ShareGPT conversations from here on are evaluation prompts: no drafter or datastore sees them
+TURNS = ("first", "all")  # which user turns of the held-in conversations a drafter's data answers
+MIN_CHARS = 20  # turns=all leaves out shorter turns ('continue', 'go on'): alone they ask nothing
+
+
+def check_prompts(turns: str, count: int, key: str = "num_conversations") -> None:
+    """One line for a turns choice or a count of first turns that would reach ShareGPT's held-out evaluation
+    conversations (HELD_OUT_FROM on), before any model or data loads."""
+    if turns not in TURNS:
+        raise SpecbenchError(f"self_distill turns={turns!r} is invalid: pick one of {list(TURNS)}")
+    if turns == "first" and not 1 <= count <= HELD_OUT_FROM:
+        raise SpecbenchError(f"{key}={count} is invalid: ShareGPT's conversations from {HELD_OUT_FROM:,} on are "
+                             f"evaluation prompts, so give 1..{HELD_OUT_FROM:,} first turns, or turns=all for every "
+                             f"user turn of those (about three times as many prompts)")
+
+
+def training_prompts(turns: str, count: int, key: str = "num_conversations") -> list[list[dict]]:
+    """The first `count` prompts drafters train on and datastores index (self-distillation answers them), each a
+    conversation whose first message is the user turn answered, from ShareGPT's conversations before HELD_OUT_FROM. first: each conversation's first turn; all:
+    every distinct user turn of at least MIN_CHARS characters, in conversation order (a later turn is answered
+    alone, without the turns before it)."""
+    check_prompts(turns, count, key)
+    if turns == "first":
+        return read_sharegpt(count)
+    seen, out = set(), []
+    for conversation in read_sharegpt(HELD_OUT_FROM):
+        for message in conversation:
+            text = message["content"]
+            if message["role"] == "user" and len(text.strip()) >= MIN_CHARS and text not in seen:
+                seen.add(text)
+                out.append([message])
+    if count > len(out):
+        raise SpecbenchError(f"{key}={count} is more prompts than turns=all holds: {len(out):,} distinct user turns "
+                             f"in ShareGPT's first {HELD_OUT_FROM:,} conversations; give at most that")
+    return out[:count]
 
 
 def sharegpt(offset: int = HELD_OUT_FROM, count: int = 400) -> list[Prompt]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from specbench.data.datastore import build_index, build_sharegpt, default_path, sharegpt_documents
-from specbench.data.sharegpt import read_sharegpt
+from specbench.data.prompts import check_prompts, training_prompts
 from specbench.errors import SpecbenchError
 from specbench.models.loading import cache_root
 from specbench.tasks._common import build_model
@@ -34,6 +34,8 @@ def run(cfg) -> Path:
     if corpus not in CORPORA:  # the schema checks it too; a config composed elsewhere is checked here
         raise SpecbenchError(f"datastore.corpus={corpus!r} is invalid: pick one of {list(CORPORA)}")
     dtype = settings.get("dtype") or "float32"  # sharegpt reads the tokenizer alone; loading takes ~1 s
+    turns = (settings.get("turns") or "first") if corpus == "self_distilled" else "first"
+    check_prompts(turns, settings.num_conversations, "datastore.num_conversations")
     if corpus == "self_distilled":
         check_generator(settings)
     target = build_model(cfg.model, dtype=dtype)
@@ -75,7 +77,7 @@ def build_self_distilled(target, settings, dtype: str, path: Path) -> None:
     if not target.chat_template:
         raise SpecbenchError(f"datastore=self_distilled prompts the target through its chat template, which "
                              f"model={target.name} does not use (model.chat_template=false): use datastore=sharegpt")
-    count = settings.num_conversations
+    count, turns = settings.num_conversations, settings.get("turns") or "first"
     generator, answerer = settings.get("generator") or "eager", None
     engine_key = {}
     if generator == "openvino":
@@ -88,10 +90,10 @@ def build_self_distilled(target, settings, dtype: str, path: Path) -> None:
         engine_key = {"generator": generator, "generator_weights": weights}
     answers = cache_file(cache_root() / "training", target.name, max_prompt_tokens=settings.max_prompt_tokens,
                          max_new_tokens=settings.max_new_tokens, dtype=dtype, weights=model_fingerprint(target.model),
-                         **engine_key)
-    print(f"self-distilled answers of {target.name} to {count} ShareGPT prompts: {answers}")
-    generate_responses(target, read_sharegpt(count), answers, settings.max_prompt_tokens, settings.max_new_tokens,
-                       settings.batch_size, answerer=answerer)
+                         turns=turns, **engine_key)
+    print(f"self-distilled answers of {target.name} to {count} ShareGPT prompts ({turns} user turns): {answers}")
+    generate_responses(target, training_prompts(turns, count, "datastore.num_conversations"), answers,
+                       settings.max_prompt_tokens, settings.max_new_tokens, settings.batch_size, answerer=answerer)
     records = sorted((r for r in read_cache(answers) if r["index"] < count), key=lambda r: r["index"])
     documents, described = [r["prompt"] + r["response"] for r in records], f"{len(records):,} self-distilled answers"
     extra = settings.get("with_sharegpt") or 0
@@ -100,5 +102,6 @@ def build_self_distilled(target, settings, dtype: str, path: Path) -> None:
         described += f" and {extra:,} ShareGPT conversations"
     build_index(documents, described, target.tokenizer, target.name, path, settings.get("max_tokens"),
                 corpus="self_distilled", num_conversations=count, with_sharegpt=extra, **engine_key,
+                **({"turns": turns} if turns != "first" else {}),
                 max_prompt_tokens=settings.max_prompt_tokens, max_new_tokens=settings.max_new_tokens, dtype=dtype,
                 answers=str(answers))

@@ -56,9 +56,14 @@ def device_label(device: torch.device) -> str:
 def _caption(cfg: DictConfig, device: str) -> str:
     """The training curve's caption: model, where it trained, precision and data."""
     data = cfg.method.train.data
-    source = "human-written" if data.self_distill is None else "self-distilled"
+    if data.self_distill is None:
+        source = "human-written ShareGPT conversations"
+    elif (data.self_distill.get("turns") or "first") == "all":
+        source = "self-distilled answers to ShareGPT user turns"
+    else:
+        source = "self-distilled answers to ShareGPT first turns"
     return (f"{cfg.model.name} | trained on {device} | trainer precision {cfg.trainer.precision} | "
-            f"{data.num_conversations} {source} ShareGPT conversations ({data.num_val} held out)")
+            f"{data.num_conversations} {source} ({data.num_val} held out)")
 
 
 def train(cfg: DictConfig, run_dir: Path, callbacks: list | None = None) -> dict:
@@ -101,7 +106,8 @@ def _fit(cfg: DictConfig, run_dir: Path, trainer: L.Trainer, curves: TrainingCur
                               tcfg.data.max_length, tcfg.data.batch_size,
                               None if tcfg.data.self_distill is None else OmegaConf.to_container(tcfg.data.self_distill),
                               generator, cache_root() / "training",
-                              num_workers=OmegaConf.select(tcfg, "data.num_workers", default=0))
+                              num_workers=OmegaConf.select(tcfg, "data.num_workers", default=0),
+                              feature_cache=OmegaConf.select(tcfg, "data.feature_cache", default=True))
     start = time.time()
     trainer.fit(module, data, ckpt_path=None if resume is None else str(resume))
     fit_time = time.time() - start

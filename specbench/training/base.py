@@ -16,6 +16,7 @@ class DrafterModule(L.LightningModule):
     needs_tokenizer: bool = False  # task=train hands the target's tokenizer to modules that declare they need it
     # the target's hidden states (transformers' indices) a module trains on instead of running the frozen target:
     # the DataModule computes them once into its feature cache and every batch carries them as batch["hidden"]
+    # (or, with train.data.feature_cache=false, target_states computes them per batch)
     hidden_states: tuple[int, ...] = ()
 
     def __init__(self, backbone: torch.nn.Module, lr: float, warmup_ratio: float, weight_decay: float) -> None:
@@ -24,6 +25,16 @@ class DrafterModule(L.LightningModule):
         self.lr, self.warmup_ratio, self.weight_decay = lr, warmup_ratio, weight_decay
         self.strict_loading = False  # checkpoints leave out the frozen backbone
         self.target_params = sum(p.numel() for p in backbone.parameters())
+
+    def target_states(self, batch) -> dict[int, torch.Tensor]:
+        """hidden_states for the batch: the feature cache's rows, or one no-grad forward of the frozen target."""
+        if "hidden" in batch:
+            return batch["hidden"]
+        with torch.no_grad():
+            out = self.backbone.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                      output_hidden_states=tuple(sorted({h % (self.backbone.config.num_hidden_layers + 1)
+                                                                         for h in self.hidden_states})))
+        return {h: out.hidden_states[h] for h in self.hidden_states}
 
     def freeze_backbone(self) -> None:
         for p in self.backbone.parameters():

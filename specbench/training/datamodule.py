@@ -17,7 +17,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from specbench.data.sharegpt import read_sharegpt
+from specbench.data.prompts import check_prompts, training_prompts
 from specbench.errors import SpecbenchError
 from specbench.training.features import FeatureStore, model_fingerprint
 from specbench.training.self_distill import cache_file, feature_dir, generate_responses, read_cache, read_responses
@@ -27,13 +27,21 @@ from specbench.training.sharegpt import Example, format_conversation
 class ShareGPTDataModule(L.LightningDataModule):
     def __init__(self, tokenizer, num_conversations: int = 256, num_val: int = 32, max_length: int = 512,
                  batch_size: int = 4, self_distill: dict | None = None, generator=None,
-                 cache_dir: str | Path | None = None, num_workers: int = 0) -> None:
+                 cache_dir: str | Path | None = None, num_workers: int = 0, feature_cache: bool = True) -> None:
         super().__init__()
         if num_conversations <= num_val or num_val < 1:
             raise SpecbenchError(f"train.data needs 1 <= num_val < num_conversations, got num_val={num_val}, "
                                  f"num_conversations={num_conversations}")
         if self_distill is not None and generator is None:
             raise SpecbenchError("self-distillation needs the target to write the responses (generator=...)")
+        turns = "first" if self_distill is None else self_distill.get("turns", "first")
+        check_prompts(turns, num_conversations, "train.data.num_conversations")
+        if not isinstance(feature_cache, bool):
+            raise SpecbenchError(f"train.data.feature_cache={feature_cache!r} is invalid: true (the target's hidden "
+                                 f"states computed once, on disk) or false (the module runs the frozen target)")
+        # false: the module runs the frozen target each batch, cheaper on a GPU than reading its rows from disk,
+        # which for tens of thousands of answers are tens of GB (four states of 576 bf16 values a token)
+        self.feature_cache = feature_cache
         self.tokenizer, self.num_conversations, self.num_val = tokenizer, num_conversations, num_val
         self.max_length, self.batch_size = max_length, batch_size
         self.self_distill = None if self_distill is None else dict(self_distill)
@@ -48,8 +56,9 @@ class ShareGPTDataModule(L.LightningDataModule):
 
     @property
     def hidden_states(self) -> tuple[int, ...]:
-        """The hidden states the module being fitted trains on (DrafterModule.hidden_states); () without one."""
-        module = self.trainer.lightning_module if self.trainer is not None else None
+        """The hidden states the feature cache holds for the module being fitted (DrafterModule.hidden_states); ()
+        without one, or with the cache off."""
+        module = self.trainer.lightning_module if self.trainer is not None and self.feature_cache else None
         return tuple(getattr(module, "hidden_states", ()))
 
     def _feature_model(self):
@@ -60,7 +69,7 @@ class ShareGPTDataModule(L.LightningDataModule):
         sd = self.self_distill
         return cache_file(Path(self.cache_dir), self.generator.name, max_prompt_tokens=sd["max_prompt_tokens"],
                           max_new_tokens=sd["max_new_tokens"], dtype=sd["dtype"],
-                          weights=model_fingerprint(self.generator.model))
+                          weights=model_fingerprint(self.generator.model), turns=sd.get("turns", "first"))
 
     def _human_features(self, model) -> Path:
         key = hashlib.sha1(json.dumps({"max_length": self.max_length, "weights": model_fingerprint(model),
@@ -70,8 +79,8 @@ class ShareGPTDataModule(L.LightningDataModule):
     def prepare_data(self) -> None:
         if self.self_distill is not None:
             sd = self.self_distill
-            generate_responses(self.generator, read_sharegpt(self.num_conversations), self._cache(),
-                               sd["max_prompt_tokens"], sd["max_new_tokens"], sd.get("batch_size", 16),
+            generate_responses(self.generator, training_prompts(sd.get("turns", "first"), self.num_conversations),
+                               self._cache(), sd["max_prompt_tokens"], sd["max_new_tokens"], sd.get("batch_size", 16),
                                self.hidden_states)
         elif self.hidden_states:
             model = self._feature_model()
@@ -85,7 +94,7 @@ class ShareGPTDataModule(L.LightningDataModule):
         if self.self_distill is not None:
             return read_responses(self._cache(), self.num_conversations)
         return [replace(format_conversation(self.tokenizer, c, self.max_length), row=i)
-                for i, c in enumerate(read_sharegpt(self.num_conversations))]
+                for i, c in enumerate(training_prompts("first", self.num_conversations))]
 
     def examples(self) -> list[Example]:
         examples = self._conversations()

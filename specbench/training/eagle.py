@@ -117,7 +117,7 @@ class EagleModule(DrafterModule):
         """Per step j: (j, draft logits, teacher logits, labels) at the supervised rows with a chain start t - j >= 0.
         The teacher is the target's LM head over the draft vocabulary at its cached last hidden state; the labels
         are the data's tokens (the target's own greedy tokens on self-distilled data)."""
-        ids, n, hidden = batch["input_ids"], batch["input_ids"].shape[1] - 2, batch["hidden"]
+        ids, n, hidden = batch["input_ids"], batch["input_ids"].shape[1] - 2, self.target_states(batch)
         rows = batch["loss_mask"][:, 2:].nonzero(as_tuple=True)  # row t predicts token t+2
         dtype = self.head.fc.weight.dtype
         features = torch.cat([hidden[i][:, :n] for i in self.head.layers], dim=-1).to(dtype)

@@ -62,7 +62,7 @@ class MedusaModule(DrafterModule):
 
     def _hidden(self, batch, grad: bool) -> torch.Tensor:
         if not self.joint:
-            return batch["hidden"][-1].to(self.heads.blocks[0][0].linear.weight.dtype)
+            return self.target_states(batch)[-1].to(self.heads.blocks[0][0].linear.weight.dtype)
         with torch.set_grad_enabled(grad):
             return self.causal[0].model(input_ids=batch["input_ids"],
                                         attention_mask=batch["attention_mask"]).last_hidden_state
