@@ -108,9 +108,9 @@ def check_prompts(turns: str, count: int, key: str = "num_conversations") -> Non
 
 def training_prompts(turns: str, count: int, key: str = "num_conversations") -> list[list[dict]]:
     """The first `count` prompts drafters train on and datastores index (self-distillation answers them), each a
-    conversation whose first message is the user turn answered, from ShareGPT's conversations before HELD_OUT_FROM. first: each conversation's first turn; all:
-    every distinct user turn of at least MIN_CHARS characters, in conversation order (a later turn is answered
-    alone, without the turns before it)."""
+    conversation whose first message is the user turn answered, from ShareGPT's conversations before HELD_OUT_FROM.
+    first: each conversation's first turn; all: every distinct user turn of at least MIN_CHARS characters, in
+    conversation order (a later turn is answered alone, without the turns before it)."""
     check_prompts(turns, count, key)
     if turns == "first":
         return read_sharegpt(count)

@@ -30,10 +30,10 @@ class DrafterModule(L.LightningModule):
         """hidden_states for the batch: the feature cache's rows, or one no-grad forward of the frozen target."""
         if "hidden" in batch:
             return batch["hidden"]
+        states = self.backbone.config.num_hidden_layers + 1  # -1 and L both name the final normed state
         with torch.no_grad():
             out = self.backbone.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                      output_hidden_states=tuple(sorted({h % (self.backbone.config.num_hidden_layers + 1)
-                                                                         for h in self.hidden_states})))
+                                      output_hidden_states=tuple(sorted({h % states for h in self.hidden_states})))
         return {h: out.hidden_states[h] for h in self.hidden_states}
 
     def freeze_backbone(self) -> None:
