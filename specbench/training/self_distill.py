@@ -68,6 +68,8 @@ def generate_responses(target, conversations: list[list[dict]], path: Path, max_
     store = FeatureStore(feature_dir(path), cfg.hidden_size, cfg.num_hidden_layers,
                          [len(r["prompt"]) + len(r["response"]) for r in done])
     store.trim()
+    # one file per state: -1 and num_layers name the same one, which a 2-layer model's fused EAGLE features both ask for
+    layers = tuple(sorted({store.index(layer) for layer in layers}))
     if layers:  # layers first asked for now: computed for the responses already cached
         store.fill(model, [r["prompt"] + r["response"] for r in done], layers)
     have = {r["index"] for r in done}
