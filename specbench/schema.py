@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from specbench.config import build
+from specbench.data.datastore import answered_turns
 from specbench.data.prompts import HELD_OUT_FROM, check_prompts, read_jsonl
 from specbench.errors import SpecbenchError
 from specbench.evaluation.methods import resolve_entries
@@ -211,9 +212,7 @@ def _validate(cfg: DictConfig) -> None:
         if cfg.get(group) is not None:
             check_schema(group, _resolved(cfg, group), schema)
     if cfg.get("datastore") is not None:  # held-out prompts stay out of a datastore
-        self_distilled = cfg.datastore.get("corpus") == "self_distilled"
-        turns = (cfg.datastore.get("turns") or "first") if self_distilled else "first"
-        check_prompts(turns, cfg.datastore.num_conversations, "datastore.num_conversations")
+        check_prompts(answered_turns(cfg.datastore), cfg.datastore.num_conversations, "datastore.num_conversations")
     if OmegaConf.select(cfg, "method.train") is not None:
         check_schema("method.train", _resolved(cfg, "method.train"), TrainSchema)
         check_schema("method.train.data", _resolved(cfg, "method.train.data"), TrainDataSchema)

@@ -52,11 +52,11 @@ def test_hardware_specs_instantiate(choice, tmp_path):
 
 @pytest.mark.parametrize("choice", options("method"))
 def test_methods_build_a_drafter_for_the_tiny_model_or_say_what_is_missing(choice, tmp_path, tiny, monkeypatch):
-    import specbench.data.sharegpt as sharegpt
+    import specbench.data.prompts as prompt_data
 
     # SSSD builds its default datastore on first use: from three conversations here, not all of ShareGPT
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(sharegpt, "read_sharegpt", lambda n: [[{"role": "user", "content": "a cat sat"}]] * 3)
+    monkeypatch.setattr(prompt_data, "read_sharegpt", lambda n: [[{"role": "user", "content": "a cat sat"}]] * 3)
     cfg = compose_cfg([f"method={choice}", "model=tiny_random"], tmp_path)
     try:
         drafter = build_drafter(cfg.method.drafter, tiny, instantiate(cfg.tree))

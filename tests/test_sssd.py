@@ -247,14 +247,14 @@ def test_the_default_datastore_is_built_on_first_use_and_reused(tiny, prompts, t
     """method=sssd on a fresh cache builds the model's default index once (a one-time artifact, like the GGUF
     conversion) instead of ending in an error; a second drafter reads it without building. An index the user named
     is never built in its place (test above)."""
-    import specbench.data.sharegpt as sharegpt
+    import specbench.data.prompts as prompt_data
     from specbench.data.datastore import default_path
 
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
     chats = [[{"role": "user", "content": p}, {"role": "assistant", "content": p[::-1]}] for p in
              ["the cat sat on the mat", "a dog ran after the cat", "the mat was red and the cat was grey"]]
     calls = []
-    monkeypatch.setattr(sharegpt, "read_sharegpt", lambda n: calls.append(n) or chats)
+    monkeypatch.setattr(prompt_data, "read_sharegpt", lambda n: calls.append(n) or chats)
     drafter = SSSDDrafter(tiny, NativePolicy(8), datastore=None)
     assert calls == [10000] and default_path(tiny.name).exists() and "building it once" in caplog.text
     assert len(drafter.store) > 0
@@ -268,14 +268,14 @@ def test_the_default_datastore_is_built_on_first_use_and_reused(tiny, prompts, t
 def test_a_run_that_builds_the_datastore_resumes_into_its_own_folder(tmp_path, monkeypatch):
     """The datastore a run builds on first use is fingerprinted in its settings as built: a rerun into the same
     folder resumes instead of being refused for a datastore that was 'missing' when the settings were written."""
-    import specbench.data.sharegpt as sharegpt
+    import specbench.data.prompts as prompt_data
     from specbench.tasks import eval as eval_task
 
     from .conftest import compose_cfg
 
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
     chat = [{"role": "user", "content": "the cat sat on the mat"}, {"role": "assistant", "content": "the mat sat"}]
-    monkeypatch.setattr(sharegpt, "read_sharegpt", lambda n: [chat] * 3)
+    monkeypatch.setattr(prompt_data, "read_sharegpt", lambda n: [chat] * 3)
     overrides = ["model=tiny_random", "eval.dtype=float32", "eval.num_prompts=1", "eval.max_new_tokens=8",
                  "eval.warmup=0", "eval.memory_probe=false", "eval.fastest_plain=false", "eval.latency_profile=false",
                  "method=sssd"]

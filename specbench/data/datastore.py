@@ -29,7 +29,7 @@ import numpy as np
 from pydivsufsort import divsufsort
 from tqdm.auto import tqdm
 
-from specbench.data.prompts import HELD_OUT_FROM
+from specbench.data.prompts import HELD_OUT_FROM, training_prompts
 from specbench.errors import SpecbenchError
 from specbench.models.loading import cache_root
 
@@ -232,15 +232,17 @@ def build_index(documents: list[list[int]], described: str, tokenizer, model_nam
     return store
 
 
-def sharegpt_documents(tokenizer, num_conversations: int, chat_template: bool) -> list[list[int]]:
+def answered_turns(settings) -> str:
+    """The user turns a datastore's settings index: a self-distilled corpus's `turns`, else ShareGPT's conversations,
+    which start at their first turns."""
+    return (settings.get("turns") or "first") if settings.get("corpus") == "self_distilled" else "first"
+
+
+def sharegpt_documents(tokenizer, num_conversations: int, chat_template: bool,
+                       key: str = "datastore.num_conversations") -> list[list[int]]:
     """The first num_conversations ShareGPT conversations as token lists, through the chat template when the model
     uses one (so the store holds the same turn markers that precede an answer at decode time)."""
-    from specbench.data.sharegpt import read_sharegpt
-
-    if not isinstance(num_conversations, int) or not 1 <= num_conversations <= HELD_OUT_FROM:
-        raise SpecbenchError(f"datastore.num_conversations={num_conversations!r} is invalid: it must be an integer in "
-                             f"1..{HELD_OUT_FROM}, so the held-out ShareGPT evaluation prompts stay out of the store")
-    conversations = read_sharegpt(num_conversations)
+    conversations = training_prompts("first", num_conversations, key)  # the held-in ones, whole
     templated = chat_template and getattr(tokenizer, "chat_template", None)
     documents = []
     bar = tqdm(total=len(conversations), desc="tokenising ShareGPT", unit="conversation", dynamic_ncols=True)

@@ -100,7 +100,9 @@ def check_prompts(turns: str, count: int, key: str = "num_conversations") -> Non
     conversations (HELD_OUT_FROM on), before any model or data loads."""
     if turns not in TURNS:
         raise SpecbenchError(f"self_distill turns={turns!r} is invalid: pick one of {list(TURNS)}")
-    if turns == "first" and not 1 <= count <= HELD_OUT_FROM:
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise SpecbenchError(f"{key}={count!r} is invalid: it must be an integer >= 1")
+    if turns == "first" and count > HELD_OUT_FROM:
         raise SpecbenchError(f"{key}={count} is invalid: ShareGPT's conversations from {HELD_OUT_FROM:,} on are "
                              f"evaluation prompts, so give 1..{HELD_OUT_FROM:,} first turns, or turns=all for every "
                              f"user turn of those (about three times as many prompts)")

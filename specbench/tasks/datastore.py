@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from specbench.data.datastore import build_index, build_sharegpt, default_path, sharegpt_documents
+from specbench.data.datastore import answered_turns, build_index, build_sharegpt, default_path, sharegpt_documents
 from specbench.data.prompts import check_prompts, training_prompts
 from specbench.errors import SpecbenchError
 from specbench.models.loading import cache_root
@@ -34,8 +34,7 @@ def run(cfg) -> Path:
     if corpus not in CORPORA:  # the schema checks it too; a config composed elsewhere is checked here
         raise SpecbenchError(f"datastore.corpus={corpus!r} is invalid: pick one of {list(CORPORA)}")
     dtype = settings.get("dtype") or "float32"  # sharegpt reads the tokenizer alone; loading takes ~1 s
-    turns = (settings.get("turns") or "first") if corpus == "self_distilled" else "first"
-    check_prompts(turns, settings.num_conversations, "datastore.num_conversations")
+    check_prompts(answered_turns(settings), settings.num_conversations, "datastore.num_conversations")
     if corpus == "self_distilled":
         check_generator(settings)
     target = build_model(cfg.model, dtype=dtype)
@@ -77,7 +76,7 @@ def build_self_distilled(target, settings, dtype: str, path: Path) -> None:
     if not target.chat_template:
         raise SpecbenchError(f"datastore=self_distilled prompts the target through its chat template, which "
                              f"model={target.name} does not use (model.chat_template=false): use datastore=sharegpt")
-    count, turns = settings.num_conversations, settings.get("turns") or "first"
+    count, turns = settings.num_conversations, answered_turns(settings)
     generator, answerer = settings.get("generator") or "eager", None
     engine_key = {}
     if generator == "openvino":
@@ -98,7 +97,7 @@ def build_self_distilled(target, settings, dtype: str, path: Path) -> None:
     documents, described = [r["prompt"] + r["response"] for r in records], f"{len(records):,} self-distilled answers"
     extra = settings.get("with_sharegpt") or 0
     if extra:  # after the answers, so max_tokens cuts ShareGPT first
-        documents += sharegpt_documents(target.tokenizer, extra, target.chat_template)
+        documents += sharegpt_documents(target.tokenizer, extra, target.chat_template, "datastore.with_sharegpt")
         described += f" and {extra:,} ShareGPT conversations"
     build_index(documents, described, target.tokenizer, target.name, path, settings.get("max_tokens"),
                 corpus="self_distilled", num_conversations=count, with_sharegpt=extra, **engine_key,

@@ -11,6 +11,8 @@ import lightning as L
 import torch
 from torchmetrics import Metric
 
+from specbench.training.features import state_index
+
 
 class DrafterModule(L.LightningModule):
     needs_tokenizer: bool = False  # task=train hands the target's tokenizer to modules that declare they need it
@@ -30,10 +32,11 @@ class DrafterModule(L.LightningModule):
         """hidden_states for the batch: the feature cache's rows, or one no-grad forward of the frozen target."""
         if "hidden" in batch:
             return batch["hidden"]
-        states = self.backbone.config.num_hidden_layers + 1  # -1 and L both name the final normed state
+        layers = self.backbone.config.num_hidden_layers
         with torch.no_grad():
             out = self.backbone.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                      output_hidden_states=tuple(sorted({h % states for h in self.hidden_states})))
+                                      output_hidden_states=tuple(sorted({state_index(h, layers)
+                                                                         for h in self.hidden_states})))
         return {h: out.hidden_states[h] for h in self.hidden_states}
 
     def freeze_backbone(self) -> None:

@@ -34,8 +34,8 @@ class ShareGPTDataModule(L.LightningDataModule):
                                  f"num_conversations={num_conversations}")
         if self_distill is not None and generator is None:
             raise SpecbenchError("self-distillation needs the target to write the responses (generator=...)")
-        turns = "first" if self_distill is None else self_distill.get("turns", "first")
-        check_prompts(turns, num_conversations, "train.data.num_conversations")
+        self.turns = "first" if self_distill is None else self_distill.get("turns", "first")
+        check_prompts(self.turns, num_conversations, "train.data.num_conversations")
         if not isinstance(feature_cache, bool):
             raise SpecbenchError(f"train.data.feature_cache={feature_cache!r} is invalid: true (the target's hidden "
                                  f"states computed once, on disk) or false (the module runs the frozen target)")
@@ -69,7 +69,7 @@ class ShareGPTDataModule(L.LightningDataModule):
         sd = self.self_distill
         return cache_file(Path(self.cache_dir), self.generator.name, max_prompt_tokens=sd["max_prompt_tokens"],
                           max_new_tokens=sd["max_new_tokens"], dtype=sd["dtype"],
-                          weights=model_fingerprint(self.generator.model), turns=sd.get("turns", "first"))
+                          weights=model_fingerprint(self.generator.model), turns=self.turns)
 
     def _human_features(self, model) -> Path:
         key = hashlib.sha1(json.dumps({"max_length": self.max_length, "weights": model_fingerprint(model),
@@ -79,7 +79,7 @@ class ShareGPTDataModule(L.LightningDataModule):
     def prepare_data(self) -> None:
         if self.self_distill is not None:
             sd = self.self_distill
-            generate_responses(self.generator, training_prompts(sd.get("turns", "first"), self.num_conversations),
+            generate_responses(self.generator, training_prompts(self.turns, self.num_conversations),
                                self._cache(), sd["max_prompt_tokens"], sd["max_new_tokens"], sd.get("batch_size", 16),
                                self.hidden_states)
         elif self.hidden_states:

@@ -30,6 +30,11 @@ def model_fingerprint(model) -> str:
     return h.hexdigest()[:10]
 
 
+def state_index(layer: int, num_layers: int) -> int:
+    """transformers' hidden-state index of `layer`: -1 and num_layers name the same state (the final normed one)."""
+    return layer % (num_layers + 1)
+
+
 def feature_rows(length: int) -> int:
     """Feature rows of a sequence of `length` tokens: positions 0..length-2 (the last token is never fed)."""
     return max(length - 1, 0)
@@ -46,8 +51,7 @@ class FeatureStore:
         self._maps: dict[int, np.memmap] = {}
 
     def index(self, layer: int) -> int:
-        """-1 and num_layers name the same state (the final normed one)."""
-        return layer % (self.num_layers + 1)
+        return state_index(layer, self.num_layers)
 
     def path(self, layer: int) -> Path:
         return self.root / f"hidden{self.index(layer)}.bf16"
