@@ -38,15 +38,18 @@ def test_a_trees_first_path_follows_each_nodes_first_child_with_its_draft_probab
 
 @needs_onnxruntime
 @pytest.mark.slow
-def test_the_int4_route_decodes_chains_as_its_plain_decoding_where_this_cpu_keeps_their_rows(tiny, tmp_path,
-                                                                                           monkeypatch):
-    """int4_g32 (int8 activations): a one-row call pads its attention, and its other layers only where a lone row
-    keeps its bits there; trees are cut to their first path; and where the machine's row check finds the chains' rows
-    bitwise, greedy speculation returns the route's plain decoding."""
+@pytest.mark.parametrize("weights", ["int4_g32", "w8a8"])
+def test_an_int8_activation_route_decodes_chains_as_its_plain_decoding_where_this_cpu_keeps_their_rows(
+        weights, tiny, tmp_path, monkeypatch):
+    """int4_g32 and w8a8 (int8 activations): a one-row call pads its attention, and its other layers only where a
+    lone row keeps its bits there; trees are cut to their first path; and where the machine's row check finds the
+    chains' rows bitwise, greedy speculation returns the route's plain decoding (prompts split as measured and, where
+    the route has a prefill graph, every prompt by it)."""
+    from specbench.execution.onnxruntime.export import PREFILL_GRAPH, export
     from specbench.execution.value import Execution
 
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
-    run = Execution("onnxruntime", "float32", "int4_g32").apply(tiny)
+    run = Execution("onnxruntime", "float32", weights).apply(tiny)
     model = run.model
     assert model.chains_only and model.padded_rows(5) == 5
     assert model.padded_rows(1) == (1 if model.attention_pad else 2)
@@ -69,7 +72,8 @@ def test_the_int4_route_decodes_chains_as_its_plain_decoding_where_this_cpu_keep
     monkeypatch.setattr(forward_module.SessionBinding, "run",
                         lambda self, logits: ran.update([self.session is not model.session]) or run_binding(self, logits))
     accepted = 0
-    for prefill_rows in (model.prefill_rows, 1):  # prompts split as measured here, then every prompt by prefill.onnx
+    has_prefill = (export(tiny, weights) / PREFILL_GRAPH).exists()  # w8a8 has none: its products are one kernel
+    for prefill_rows in (model.prefill_rows, 1 if has_prefill else None):  # as measured here, then all by prefill.onnx
         model.prefill_rows = prefill_rows
         for text in ["the cat sat on the mat and the cat sat on the hat", "abc abc abc abd abc", "hello world " * 6]:
             prompt = tiny.tokenizer(text)["input_ids"]
@@ -79,7 +83,7 @@ def test_the_int4_route_decodes_chains_as_its_plain_decoding_where_this_cpu_keep
             assert pld.tokens == plain.tokens
             assert all(s.tree_size == s.tree_depth + 1 for s in pld.steps)  # every verify a chain
             accepted += sum(s.accepted for s in pld.steps)
-    assert accepted > 0 and ran[True] >= 6  # six prompts' prefills at least ran the prefill graph
+    assert accepted > 0 and (ran[True] >= 6 or not has_prefill)  # six prompts' prefills ran the prefill graph
     before = torch.get_num_threads()
     Decoder(model, PlainDrafter(), ExactAcceptance(), SamplingParams(), 4, tiny.eos_token_ids).generate([5, 6, 7])
     assert torch.get_num_threads() == before  # one torch thread inside the decode, the process's own after
@@ -88,8 +92,8 @@ def test_the_int4_route_decodes_chains_as_its_plain_decoding_where_this_cpu_keep
 @needs_onnxruntime
 @pytest.mark.parametrize("override, message", [
     ("eval.dtype=bfloat16", "model.backend=onnxruntime with eval.dtype=bfloat16: it runs float32 activations"),
-    ("model.weights=w8a8", "model.weights=w8a8 with model.backend=onnxruntime: the onnxruntime backend runs the "
-                           r"builder's weights \(fp, int8, int4\), not w8a8"),
+    ("model.weights=w4a8", "model.weights=w4a8 with model.backend=onnxruntime: w4a8 is OpenVINO's dynamic "
+                           "quantisation of activations"),
     ("model.weights=int4 model.group_size=48", "^model.group_size=48 is invalid for int4 weights on "
                                                "model.backend=onnxruntime: give one of 16, 32, 64, 128, 256"),
     ("eval.batch_size=2", "model.backend=onnxruntime with eval.batch_size=2: it decodes one prompt at a time"),
@@ -216,3 +220,40 @@ def test_where_the_prefill_graph_starts_is_measured_once_per_machine_and_thread_
     assert "rows='many' for threads=2, not a row count >= 1 or null; measuring again" in capsys.readouterr().out
     assert again.prefill_rows == json.loads(record.read_text())["threads=2"]["rows"] != "many"
     assert OnnxRuntimeForward(tiny.model, *paths[:3]).prefill_rows is None  # no prefill graph: every call verifies
+
+
+@needs_onnxruntime
+def test_w8a8_products_quantise_each_row_alone_and_sum_its_codes_exactly(tmp_path):
+    """export.w8a8_products on a one-product float graph: its output is W8A8Linear's arithmetic (int8 codes per row
+    and per output channel, exact integer sums, both scales applied after), and a row's output does not depend on the
+    other rows of its call, bit for bit, whatever their scale."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    from specbench.execution.onnxruntime.export import w8a8_products
+
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((96, 80)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "one_product",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "rows", 96])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "rows", 80])],
+                              [numpy_helper.from_array(w, "w")])
+    path = tmp_path / "model.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)]), str(path))
+    w8a8_products(path)
+    assert {n.op_type for n in onnx.load(str(path)).graph.node} >= {"QuantizeLinear", "MatMulIntegerToFloat"}
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = (rng.standard_normal((1, 7, 96)) * np.array([1, 100, 0.01, 5, 1, 30, 2])[None, :, None]).astype(np.float32)
+    x[0, 3, 10] = 400.0  # an outlier: its row's scale alone grows
+    out = session.run(None, {"x": x})[0]
+    w_scale = np.abs(w).max(axis=0) / 127
+    w_codes = np.clip(np.round(w / w_scale), -127, 127)
+    x_scale = np.abs(x).max(axis=-1, keepdims=True) / 127
+    x_codes = np.clip(np.round(x / x_scale), -127, 127)
+    reference = (x_codes @ w_codes) * x_scale * w_scale  # integer sums below 2**24: exact in float64
+    np.testing.assert_allclose(out, reference, rtol=1e-5, atol=0)
+    for start, rows in ((0, 1), (3, 1), (2, 3), (5, 2)):
+        part = session.run(None, {"x": np.ascontiguousarray(x[:, start:start + rows])})[0]
+        assert np.array_equal(part, out[:, start:start + rows])

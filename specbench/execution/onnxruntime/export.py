@@ -6,7 +6,8 @@ inputs; `attention_rows` and `attention_kept`, the call's rows each attention no
 and those it hands on, so a one-row call can pad its attention alone (forward.py says why); and `logits_rows`, the
 rows the LM head projects (a prompt's last ones, not all of them); and, where its products take int8 activations,
 `prefill.onnx`, the verify graph with every int4 or int8 product on float activations, which a long prompt may run
-faster (forward.py measures from how many rows). The files share one weights file.
+faster (forward.py measures from how many rows). The files share one weights file, but for `w8a8`
+(w8a8_products), where each graph has its own.
 
 On a CPU the builder's int4 and int8 models multiply by int8 activations (MatMulNBits at accuracy level 4) and attend
 with GroupQueryAttention over a cache held in place. Cached under cache_root()/onnxruntime, keyed by the model's
@@ -22,6 +23,8 @@ import re
 import tempfile
 from pathlib import Path
 
+import numpy as np
+
 from specbench.errors import SpecbenchError
 from specbench.execution.openvino import interrupt_after, quiet_transformers, save_whole, usable
 from specbench.execution.openvino.export import model_key
@@ -34,6 +37,7 @@ WHAT = "ONNX Runtime GenAI model"
 LAYOUT = "verify_v5"
 PREFILL_GRAPH = "prefill.onnx"
 FLOAT_ACTIVATIONS = 1  # MatMulNBits' accuracy_level for float32 activations (4 multiplies by int8 ones)
+W8A8 = "w8a8"  # not the builder's: its float graph with every product int8 by int8 (w8a8_products)
 
 
 class BuildFailed(Exception):
@@ -43,11 +47,11 @@ class BuildFailed(Exception):
 def check_format(weights: str, key: str) -> None:
     """One error line for weights the builder cannot write: fp32, int8 or int4_g<group> (group 16 to 256)."""
     head, _, group = str(weights).partition("_g")
-    if head in ("fp32", "int8") and not group:
+    if head in ("fp32", "int8", W8A8) and not group:
         return
     if head == "int4" and group.isdigit() and int(group) in INT4_GROUPS:
         return
-    raise SpecbenchError(f"{key}={weights!r} is invalid: give fp32, int8 or int4_g<group> with a group of "
+    raise SpecbenchError(f"{key}={weights!r} is invalid: give fp32, int8, w8a8 or int4_g<group> with a group of "
                          f"{', '.join(map(str, INT4_GROUPS))} (e.g. int4_g32)")
 
 
@@ -72,7 +76,7 @@ def export(loaded: LoadedModel, weights: str) -> Path:
 
     fp32 = with_dtype(loaded, "float32")
     head, _, group = weights.partition("_g")
-
+    head = "fp32" if weights == W8A8 else head  # w8a8_products quantises the float graph
     def save(tmp: Path) -> None:
         with tempfile.TemporaryDirectory() as scratch:
             source = Path(scratch) / "model"
@@ -89,6 +93,9 @@ def export(loaded: LoadedModel, weights: str) -> Path:
         if group:
             check_group(tmp / "model.onnx", int(group))
         add_verify_inputs(tmp / "model.onnx", tmp / "verify.onnx")
+        if weights == W8A8:  # the verify graph first: it reads the float weights from model.onnx's file
+            for graph in ("verify.onnx", "model.onnx"):
+                w8a8_products(tmp / graph)
         float_prefill(tmp / "verify.onnx", tmp / PREFILL_GRAPH)
 
     try:
@@ -109,6 +116,82 @@ def check_group(path: Path, group: int) -> None:
     if not nodes or built != [group]:
         raise BuildFailed(f"the builder wrote int4 products in blocks of {built or 'nothing'}, not the {group} asked "
                           f"for (onnxruntime-genai's `block_size` option)")
+
+
+def w8a8_products(path: Path) -> None:
+    """The float graph at `path` rewritten in place with every product by a constant weight (each layer's and the LM
+    head's) as execution/quantize.W8A8Linear computes it: the weight int8 per output channel (symmetric, max |w| ->
+    127), each row of the activations quantised on its own when it arrives (max |x| -> 127), their product summed
+    exactly in int32, then scaled back per row and per channel. So each row's output depends on that row alone
+    whatever the kernel's blocking (W8A8Linear says why), where MatMulNBits' int8-activation kernel costs a row more
+    1.1-1.7 ms here: MatMulInteger runs MLAS's QGEMM, which packs the weights once and runs a few rows nearly at the
+    cost of one (experiments/onnxruntime_verify, "w8a8").
+
+    Why by hand: neither ONNX Runtime's quantiser nor a contrib op quantises activations per row (DynamicQuantizeLinear
+    and DynamicQuantizeMatMul take one scale for the whole call, which makes a row's codes depend on the other rows).
+    MLAS's fast kernels take uint8 activations by int8 weights, so a row's codes are shifted by a zero point of 128
+    (the same integer sums as W8A8Linear's int8 codes)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    weights = {i.name: i for i in graph.initializer}
+    uses: dict[str, int] = {}
+    for node in graph.node:
+        for name in node.input:
+            uses[name] = uses.get(name, 0) + 1
+    products = [n for n in graph.node if n.op_type == "MatMul" and n.input[1] in weights
+                and len(weights[n.input[1]].dims) == 2]
+    quantise = {id(n) for n in products}
+    if not products:
+        raise BuildFailed(f"the builder's float graph {path} has no product by a constant weight to quantise")
+    tiny = np.float32(np.finfo(np.float32).tiny)
+    graph.initializer.extend([numpy_helper.from_array(np.array([-1], np.int64), "specbench/w8a8/last_axis"),
+                              numpy_helper.from_array(np.float32(127), "specbench/w8a8/127"),
+                              numpy_helper.from_array(np.float32(1), "specbench/w8a8/1"),
+                              numpy_helper.from_array(np.uint8(128), "specbench/w8a8/128")])
+    quantised: dict[str, tuple[str, str]] = {}  # an activation -> its codes and row scales, once for its products
+    zeros: list[str] = []  # the codes' zero points, one a row: every layer's products run the call's rows
+    new: list = []
+    for node in graph.node:
+        if id(node) not in quantise:
+            new.append(node)
+            continue
+        x, name = node.input[0], node.input[1]
+        w = numpy_helper.to_array(weights[name]).astype(np.float32)  # [in, out]
+        if x not in quantised:
+            # an all-zero row gets a scale of 0, so its product is 0 whatever its codes: no floor needed
+            p = f"specbench/w8a8/{len(quantised)}"
+            new += [helper.make_node("Abs", [x], [f"{p}/abs"]),
+                    helper.make_node("ReduceMax", [f"{p}/abs", "specbench/w8a8/last_axis"], [f"{p}/max"]),
+                    helper.make_node("Div", [f"{p}/max", "specbench/w8a8/127"], [f"{p}/scale"])]
+            if not zeros or node is products[-1]:  # the LM head may project fewer rows (the verify's logits_rows)
+                zeros.append(f"{p}/zero")
+                new += [helper.make_node("Shape", [f"{p}/scale"], [f"{p}/scale_shape"]),
+                        helper.make_node("Expand", ["specbench/w8a8/128", f"{p}/scale_shape"], [zeros[-1]])]
+            new.append(helper.make_node("QuantizeLinear", [x, f"{p}/scale", zeros[-1]], [f"{p}/codes"], axis=-1,
+                                        block_size=w.shape[0]))  # one block a row: its own scale
+            quantised[x] = (f"{p}/codes", f"{p}/scale")
+        codes, row_scale = quantised[x]
+        scales = np.maximum(np.abs(w).max(axis=0), tiny) / np.float32(127)
+        q = np.clip(np.round(w / scales), -127, 127).astype(np.int8)
+        graph.initializer.extend([numpy_helper.from_array(q, f"{name}/int8"),
+                                  numpy_helper.from_array(scales.astype(np.float32), f"{name}/scale")])
+        out, p = node.output[0], f"specbench/w8a8/{name}"
+        new += [helper.make_node("MatMulIntegerToFloat", [codes, f"{name}/int8", "specbench/w8a8/1",
+                                                          f"{name}/scale", "specbench/w8a8/128"], [f"{p}/by_channel"],
+                                 domain="com.microsoft"),
+                helper.make_node("Mul", [f"{p}/by_channel", row_scale], [out])]
+        uses[name] -= 1
+    kept = [i for i in graph.initializer if uses.get(i.name, 1) > 0]
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    del graph.node[:]
+    graph.node.extend(new)
+    data = path.with_name(path.name + ".data")
+    data.unlink(missing_ok=True)  # onnx appends external data to an existing file
+    onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=data.name)
 
 
 def add_verify_inputs(source: Path, out: Path) -> None:

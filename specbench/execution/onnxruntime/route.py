@@ -14,7 +14,8 @@ from specbench.execution.onnxruntime.forward import OnnxRuntimeForward
 from specbench.models.loading import LoadedModel
 from specbench.models.shape import cache_problem
 
-# model.weights -> the builder's precision: fp keeps float32 weights; int4 goes in groups of model.group_size
+# model.weights -> the builder's precision: fp keeps float32 weights; int4 goes in groups of model.group_size; w8a8
+# is the float graph quantised by export.w8a8_products
 BUILDER_FORMATS = {"fp": "fp32", "int8": "int8"}
 INSTALL = "a core dependency: pip install -e . installs onnxruntime-genai and onnx-ir"
 
@@ -33,8 +34,8 @@ def unsupported(dtype: torch.dtype, device: torch.device, weights: str = "fp") -
 def weights_problem(weights: str) -> str | None:
     """Why the builder cannot write these weights (a config or format name), None when it can."""
     head = weights.partition("_g")[0]
-    if head not in ("fp", "int8", "int4"):
-        return f"the onnxruntime backend runs the builder's weights (fp, int8, int4), not {head}"
+    if head not in ("fp", "int8", "int4", "w8a8"):
+        return f"the onnxruntime backend runs the builder's weights (fp, int8, int4) or w8a8, not {head}"
     return None
 
 
