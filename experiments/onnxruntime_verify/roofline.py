@@ -2,7 +2,7 @@
 measured bandwidth, and its FLOPs over the machine's measured int8 peak, beside the step as measured.
 
 The bytes are each side's own: the weights its linears and LM head read (for the route and ONNX Runtime GenAI, the
-MatMulNBits initializers of the builder's graph; for llama.cpp, the GGUF, whose embedding table is the tied LM head; for
+MatMulNBits initializers of the builder's graph; for the w8a8 route, its int8 weights and their scales; for llama.cpp, the GGUF, whose embedding table is the tied LM head; for
 OpenVINO GenAI, the IR's weights file, an upper bound since its embedding table is in it and a step reads one row)
 and the cache at the context in the precision each keeps it (float32 in ONNX Runtime's shared buffer, float16 in
 llama.cpp's default cache, the OpenVINO CPU plugin's KV_CACHE_PRECISION with a scale and zero point per token and
@@ -30,7 +30,8 @@ from specbench.hardware.modelled.ops import op_costs
 from specbench.models.loading import load_model, resolve_path
 from specbench.models.shape import ModelShape
 
-ROUTE, GENAI = "onnxruntime int4_g32", "onnxruntime genai"
+ROUTE, W8A8, GENAI = "onnxruntime int4_g32", "onnxruntime w8a8", "onnxruntime genai"
+PRODUCTS = ("MatMulNBits", "MatMulIntegerToFloat")  # the quantised products of the builder's graph and of w8a8's
 
 
 def main() -> None:
@@ -48,9 +49,10 @@ def main() -> None:
     print(f"this machine: {bandwidth / 1e9:.1f} GB/s streaming read, {int8 / 1e12:.3f} TFLOP/s int8 "
           f"(hardware/measured/peaks.py)")
 
-    onnx_weights = matmulnbits_bytes(export(loaded, "int4_g32") / "model.onnx")
+    onnx_weights = product_bytes(export(loaded, "int4_g32") / "model.onnx")
     sides = {  # side -> (weight bytes a step, cache bytes a token)
         ROUTE: (onnx_weights, cache_bytes(shape, 4.0)),
+        W8A8: (product_bytes(export(loaded, "w8a8") / "model.onnx"), cache_bytes(shape, 4.0)),
         GENAI: (onnx_weights, cache_bytes(shape, 4.0)),
         "llama.cpp": (resolve_path(cfg.model.path).stat().st_size, cache_bytes(shape, 2.0)),
         "openvino genai": (ir_bytes(openvino_engine.export(loaded, "int8")), cache_bytes(shape, *openvino_cache())),
@@ -74,15 +76,15 @@ def main() -> None:
         print(f"\nwritten: {args.out}")
 
 
-def matmulnbits_bytes(model: Path) -> int:
-    """The bytes of every initializer a MatMulNBits node reads (int4 weights, scales, zero points), from the graph's
-    external-data records: the weights a one-row step streams."""
+def product_bytes(model: Path) -> int:
+    """The bytes of every initializer a quantised product reads (MatMulNBits' int4 weights, scales and zero points;
+    w8a8's int8 weights and scales), from the graph's external-data records: the weights a one-row step streams."""
     graph = onnx.load(str(model), load_external_data=False).graph
     sizes = {}
     for tensor in graph.initializer:
         length = {entry.key: entry.value for entry in tensor.external_data}.get("length")
         sizes[tensor.name] = int(length) if length is not None else len(tensor.raw_data)
-    read = {name for node in graph.node if node.op_type == "MatMulNBits" for name in node.input if name in sizes}
+    read = {name for node in graph.node if node.op_type in PRODUCTS for name in node.input if name in sizes}
     return sum(sizes[name] for name in read)
 
 

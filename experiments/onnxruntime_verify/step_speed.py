@@ -1,16 +1,18 @@
 """The onnxruntime route's verify beside the engines' one-row step on this machine, side by side in one process,
 interleaved; and what its rows compute against plain decoding's.
 
-For each context (one random prompt of that many tokens for every side): the onnxruntime route's verify of a chain of
-n rows, L(n) for n = 1, 2, 3, 4, 8, 16 (n = 1 pads its attention, or the whole call, to two rows: forward.py
-says why), and the openvino int8 route's (the previous verify target) at 1, 2 and 4 rows, each on the prompt's cache
-and then cropped back as a rejected draft leaves it; and the one-row step of ONNX Runtime GenAI (the builder's model
-of the same weights, its own loop), OpenVINO GenAI (an int8 IR) and llama.cpp (the GGUF as shipped). The median of
-every side, with its ratio to the fastest engine's step. Then the route's rows: the machine's row check on its
-chains, and how far a one-row call (its attention padded, and nothing padded) is from the same row in a call of two.
+For each context (one random prompt of that many tokens for every side): the onnxruntime routes' verify of a chain of
+n rows (int4_g32, the builder's, and w8a8, export.w8a8_products), L(n) for n = 1, 2, 3, 4, 8, 16 (n = 1 pads its
+attention, or the whole call, to two rows: forward.py says why), and the openvino int8 route's (the previous verify
+target) at 1, 2 and 4 rows, each on the prompt's cache and then cropped back as a rejected draft leaves it; and the
+one-row step of ONNX Runtime GenAI (the builder's int4 model, its own loop), OpenVINO GenAI (an int8 IR) and
+llama.cpp (the GGUF as shipped). The median of
+every side, with its ratio to the fastest engine's step. Then each onnxruntime route's rows: the machine's row check
+on its chains, and how far a one-row call (its attention padded, and nothing padded) is from the same row in a call of
+two.
 
     python experiments/onnxruntime_verify/step_speed.py [--contexts 128 512 1024 2048] [--rounds 3] [--steps 16]
-        [--out experiments/onnxruntime_verify/steps.csv]
+        [--out experiments/onnxruntime_verify/steps.csv] [--routes 'onnxruntime int4_g32' 'onnxruntime w8a8']
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from specbench.hardware.measured.row_invariance import check_rows
 from specbench.models.loading import load_model
 
 ROUTES = {"onnxruntime int4_g32": (("onnxruntime", "int4_g32"), (1, 2, 3, 4, 8, 16)),
+          "onnxruntime w8a8": (("onnxruntime", "w8a8"), (1, 2, 3, 4, 8, 16)),
           "openvino int8": (("openvino", "int8"), (1, 2, 4))}
 
 
@@ -46,12 +49,14 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=16, help="steps timed per side and round")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--routes", nargs="+", choices=list(ROUTES), default=list(ROUTES), metavar="ROUTE",
+                        help=f"our routes to time (default all: {', '.join(map(repr, ROUTES))})")
     args = parser.parse_args()
     threads = torch.get_num_threads()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[f"model={args.model}"])
     loaded = load_model(cfg.model.name, cfg.model.path, dtype="float32")
-    sides = {name: Route(loaded, *execution, rows) for name, (execution, rows) in ROUTES.items()}
+    sides = {name: Route(loaded, *execution, rows) for name, (execution, rows) in ROUTES.items() if name in args.routes}
     other = openvino_sides()
     sides |= {"onnxruntime genai": OrtGenAI(loaded, threads),
               "openvino genai": OneRow(other.GenAI(loaded, "int8", threads, "PA")),
@@ -74,7 +79,9 @@ def main() -> None:
         table["/ fastest engine step"] = (table["ms"] / fastest).round(2)
         print(f"\ncontext {context} ({threads} threads), ms (median of {args.rounds} x {args.steps}):")
         print(table.round(2).to_string())
-    rows_of(sides["onnxruntime int4_g32"].model, loaded)
+    for name in (n for n in args.routes if n.startswith("onnxruntime")):
+        print(f"\n{name}:")
+        rows_of(sides[name].model, loaded)
     if args.out:
         pd.DataFrame(records).to_csv(args.out, index=False)
         print(f"\nwritten: {args.out}")

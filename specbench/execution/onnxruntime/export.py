@@ -122,15 +122,15 @@ def w8a8_products(path: Path) -> None:
     """The float graph at `path` rewritten in place with every product by a constant weight (each layer's and the LM
     head's) as execution/quantize.W8A8Linear computes it: the weight int8 per output channel (symmetric, max |w| ->
     127), each row of the activations quantised on its own when it arrives (max |x| -> 127), their product summed
-    exactly in int32, then scaled back per row and per channel. So each row's output depends on that row alone
-    whatever the kernel's blocking (W8A8Linear says why), where MatMulNBits' int8-activation kernel costs a row more
-    1.1-1.7 ms here: MatMulInteger runs MLAS's QGEMM, which packs the weights once and runs a few rows nearly at the
-    cost of one (experiments/onnxruntime_verify, "w8a8").
+    exactly in int32, then scaled back per channel and per row. So each row's output depends on that row alone
+    whatever the kernel's blocking (W8A8Linear says why). MatMulIntegerToFloat runs MLAS's QGEMM, which packs the
+    weights once and runs a verify's few rows for little more than one, where MatMulNBits' int8-activation kernel
+    pays nearly a one-row product again for each (experiments/onnxruntime_verify, section "w8a8").
 
     Why by hand: neither ONNX Runtime's quantiser nor a contrib op quantises activations per row (DynamicQuantizeLinear
     and DynamicQuantizeMatMul take one scale for the whole call, which makes a row's codes depend on the other rows).
-    MLAS's fast kernels take uint8 activations by int8 weights, so a row's codes are shifted by a zero point of 128
-    (the same integer sums as W8A8Linear's int8 codes)."""
+    MLAS's fast kernels take uint8 activations by int8 weights (int8 by int8 falls to a slow one), so a row's codes
+    are shifted by a zero point of 128: the same integer sums as W8A8Linear's int8 codes."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
