@@ -45,7 +45,7 @@ class BuildFailed(Exception):
 
 
 def check_format(weights: str, key: str) -> None:
-    """One error line for weights the builder cannot write: fp32, int8 or int4_g<group> (group 16 to 256)."""
+    """One error line for weights no folder here is built in: fp32, int8, w8a8 or int4_g<group> (group 16 to 256)."""
     head, _, group = str(weights).partition("_g")
     if head in ("fp32", "int8", W8A8) and not group:
         return
