@@ -54,7 +54,7 @@ def check_run(dtype: str, weights: str, batch_size: int = 1, config=None) -> Non
 
 
 def builder_format(weights: str) -> str:
-    """The builder's name of a route's weights (fp, int8, int4_g<group>)."""
+    """The folder name of a route's weights: the builder's (fp32, int8, int4_g<group>), or w8a8."""
     return BUILDER_FORMATS.get(weights, weights)
 
 
