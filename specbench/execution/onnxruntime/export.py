@@ -77,6 +77,7 @@ def export(loaded: LoadedModel, weights: str) -> Path:
     fp32 = with_dtype(loaded, "float32")
     head, _, group = weights.partition("_g")
     head = "fp32" if weights == W8A8 else head  # w8a8_products quantises the float graph
+
     def save(tmp: Path) -> None:
         with tempfile.TemporaryDirectory() as scratch:
             source = Path(scratch) / "model"
@@ -143,9 +144,9 @@ def w8a8_products(path: Path) -> None:
             uses[name] = uses.get(name, 0) + 1
     products = [n for n in graph.node if n.op_type == "MatMul" and n.input[1] in weights
                 and len(weights[n.input[1]].dims) == 2]
-    quantise = {id(n) for n in products}
     if not products:
         raise BuildFailed(f"the builder's float graph {path} has no product by a constant weight to quantise")
+    quantise = {id(n) for n in products}
     tiny = np.float32(np.finfo(np.float32).tiny)
     graph.initializer.extend([numpy_helper.from_array(np.array([-1], np.int64), "specbench/w8a8/last_axis"),
                               numpy_helper.from_array(np.float32(127), "specbench/w8a8/127"),
