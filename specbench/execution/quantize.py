@@ -29,6 +29,7 @@ from torch import nn
 from specbench.errors import SpecbenchError
 from specbench.execution import onnxruntime, openvino
 from specbench.execution.attention import row_invariant
+from specbench.execution.int8_grid import per_channel_int8
 from specbench.execution.linears import fuse_projections, replace_linears
 from specbench.models.loading import LoadedModel
 
@@ -117,13 +118,6 @@ def supported(weights: str, device: torch.device, backend: str = "eager") -> str
     return None
 
 
-def _per_channel_int8(linear: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
-    """int8 codes [out, in] of a linear's float32 weight and one symmetric scale per output channel (max |w| -> 127)."""
-    w = linear.weight.detach().float()
-    scales = w.abs().amax(dim=1).clamp(min=torch.finfo(torch.float32).tiny) / 127
-    return (w / scales[:, None]).round().clamp(-127, 127).to(torch.int8), scales
-
-
 class Int8Linear(nn.Module):
     """y = x (q s)^T + b: q int8 [out, in], s one scale per output channel (symmetric, max |w| -> 127). The float
     weight stays reachable as `.weight` (a tied LM head, Medusa's heads and published EAGLE heads read it); only q and
@@ -135,7 +129,7 @@ class Int8Linear(nn.Module):
         super().__init__()
         self.weight, self.bias = linear.weight, linear.bias
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        codes, scales = _per_channel_int8(linear)
+        codes, scales = per_channel_int8(linear.weight)
         self.register_buffer("qweight", codes, persistent=False)
         self.register_buffer("scales", scales.to(linear.weight.dtype), persistent=False)
 
@@ -197,7 +191,7 @@ class W8A8Linear(nn.Module):
         super().__init__()
         self.weight, self.bias = linear.weight, linear.bias
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        codes, scales = _per_channel_int8(linear)
+        codes, scales = per_channel_int8(linear.weight)
         self.register_buffer("qweight_t", codes.t().contiguous(), persistent=False)  # [in, out]: _int_mm's B
         self.register_buffer("scales", scales, persistent=False)  # cast with the model; the epilogue runs in float32
 

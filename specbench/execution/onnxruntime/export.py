@@ -24,8 +24,10 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from specbench.errors import SpecbenchError
+from specbench.execution.int8_grid import per_channel_int8
 from specbench.execution.openvino import interrupt_after, quiet_transformers, save_whole, usable
 from specbench.execution.openvino.export import model_key
 from specbench.models.loading import LoadedModel, cache_root, with_dtype
@@ -121,8 +123,8 @@ def check_group(path: Path, group: int) -> None:
 
 def w8a8_products(path: Path) -> None:
     """The float graph at `path` rewritten in place with every product by a constant weight (each layer's and the LM
-    head's) as execution/quantize.W8A8Linear computes it: the weight int8 per output channel (symmetric, max |w| ->
-    127), each row of the activations quantised on its own when it arrives (max |x| -> 127), their product summed
+    head's) as execution/quantize.W8A8Linear computes it: the weight int8 per output channel (int8_grid, the same
+    codes), each row of the activations quantised on its own when it arrives (max |x| -> 127), their product summed
     exactly in int32, then scaled back per channel and per row. So each row's output depends on that row alone
     whatever the kernel's blocking (W8A8Linear says why). MatMulIntegerToFloat runs MLAS's QGEMM, which packs the
     weights once and runs a verify's few rows for little more than one, where MatMulNBits' int8-activation kernel
@@ -147,7 +149,6 @@ def w8a8_products(path: Path) -> None:
     if not products:
         raise BuildFailed(f"the builder's float graph {path} has no product by a constant weight to quantise")
     quantise = {id(n) for n in products}
-    tiny = np.float32(np.finfo(np.float32).tiny)
     graph.initializer.extend([numpy_helper.from_array(np.array([-1], np.int64), "specbench/w8a8/last_axis"),
                               numpy_helper.from_array(np.float32(127), "specbench/w8a8/127"),
                               numpy_helper.from_array(np.float32(1), "specbench/w8a8/1"),
@@ -175,10 +176,9 @@ def w8a8_products(path: Path) -> None:
                                         block_size=w.shape[0]))  # one block a row: its own scale
             quantised[x] = (f"{p}/codes", f"{p}/scale")
         codes, row_scale = quantised[x]
-        scales = np.maximum(np.abs(w).max(axis=0), tiny) / np.float32(127)
-        q = np.clip(np.round(w / scales), -127, 127).astype(np.int8)
-        graph.initializer.extend([numpy_helper.from_array(q, f"{name}/int8"),
-                                  numpy_helper.from_array(scales.astype(np.float32), f"{name}/scale")])
+        weight_codes, scales = per_channel_int8(torch.from_numpy(w).t())  # the graph's weight is [in, out]
+        graph.initializer.extend([numpy_helper.from_array(weight_codes.t().contiguous().numpy(), f"{name}/int8"),
+                                  numpy_helper.from_array(scales.numpy(), f"{name}/scale")])
         out, p = node.output[0], f"specbench/w8a8/{name}"
         new += [helper.make_node("MatMulIntegerToFloat", [codes, f"{name}/int8", "specbench/w8a8/1",
                                                           f"{name}/scale", "specbench/w8a8/128"], [f"{p}/by_channel"],
