@@ -45,10 +45,12 @@ def test_an_int8_activation_route_decodes_chains_as_its_plain_decoding_where_thi
     lone row keeps its bits there; trees are cut to their first path; and where the machine's row check finds the
     chains' rows bitwise, greedy speculation returns the route's plain decoding (prompts split as measured and, where
     the route has a prefill graph, every prompt by it)."""
-    from specbench.execution.onnxruntime.export import PREFILL_GRAPH, export
+    from specbench.execution.onnxruntime.export import PREFILL_GRAPH, export, int8_sums_exact
     from specbench.execution.value import Execution
 
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    if weights == "w8a8" and (why := int8_sums_exact()) is not None:
+        pytest.skip(why)
     run = Execution("onnxruntime", "float32", weights).apply(tiny)
     model = run.model
     assert model.chains_only and model.padded_rows(5) == 5
@@ -230,18 +232,14 @@ def test_w8a8_products_quantise_each_row_alone_and_sum_its_codes_exactly(tmp_pat
     import numpy as np
     import onnx
     import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
 
-    from specbench.execution.onnxruntime.export import w8a8_products
+    from specbench.execution.onnxruntime.export import int8_sums_exact, w8a8_products
 
+    if (why := int8_sums_exact()) is not None:
+        pytest.skip(why)
     rng = np.random.default_rng(0)
     w = rng.standard_normal((96, 80)).astype(np.float32)
-    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "one_product",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "rows", 96])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "rows", 80])],
-                              [numpy_helper.from_array(w, "w")])
-    path = tmp_path / "model.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)]), str(path))
+    path = one_product(tmp_path, w)
     w8a8_products(path)
     assert {n.op_type for n in onnx.load(str(path)).graph.node} >= {"QuantizeLinear", "MatMulIntegerToFloat"}
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
@@ -257,3 +255,43 @@ def test_w8a8_products_quantise_each_row_alone_and_sum_its_codes_exactly(tmp_pat
     for start, rows in ((0, 1), (3, 1), (2, 3), (5, 2)):
         part = session.run(None, {"x": np.ascontiguousarray(x[:, start:start + rows])})[0]
         assert np.array_equal(part, out[:, start:start + rows])
+
+
+@needs_onnxruntime
+def test_w8a8_is_refused_in_one_line_where_this_cpus_int8_sums_are_not_exact(tmp_path, monkeypatch):
+    """Where the machine's int8 kernel saturates its pairs of products (MLAS without VNNI), w8a8's graph is not built
+    and a run naming it stops in one line before any model loads."""
+    import importlib
+
+    import numpy as np
+
+    from specbench.execution.onnxruntime import route
+    from specbench.tasks import dispatch
+    from specbench.tasks import eval as eval_task
+    from tests.conftest import compose_cfg
+
+    export_module = importlib.import_module("specbench.execution.onnxruntime.export")  # the package names a function so
+    why = "this CPU's int8 kernel does not sum uint8 x int8 products exactly"
+    monkeypatch.setattr(export_module, "int8_sums_exact", lambda: why)
+    monkeypatch.setattr(route, "int8_sums_exact", lambda: why)
+    with pytest.raises(export_module.BuildFailed, match=why):
+        export_module.w8a8_products(one_product(tmp_path, np.ones((8, 4), np.float32)))
+    monkeypatch.setattr(eval_task, "setup_target", lambda *a, **k: pytest.fail("the model was loaded"))
+    cfg = compose_cfg(["model=tiny_random", "model.backend=onnxruntime", "model.weights=w8a8", "eval.dtype=float32"],
+                      tmp_path / "run")
+    with pytest.raises(SpecbenchError, match=f"^model.backend=onnxruntime with model.weights=w8a8: {why}"):
+        dispatch(cfg)
+
+
+def one_product(folder, w):
+    """A float graph of one product x @ w (x: [1, rows, in]), saved in `folder` as model.onnx."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "one_product",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "rows", w.shape[0]])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "rows", w.shape[1]])],
+                              [numpy_helper.from_array(w, "w")])
+    path = folder / "model.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 22)]), str(path))
+    return path

@@ -17,6 +17,7 @@ source, the weight format and the versions that shape it, and written whole (a t
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import logging
 import re
@@ -121,6 +122,36 @@ def check_group(path: Path, group: int) -> None:
                           f"for (onnxruntime-genai's `block_size` option)")
 
 
+@functools.cache
+def int8_sums_exact() -> str | None:
+    """None where this machine's MLAS sums w8a8's uint8 x int8 products exactly, else why not (one line). Without
+    VNNI, MLAS's u8s8 kernels add each pair of products in 16 bits, saturating (vpmaddubsw), so a product's sums would
+    not be W8A8Linear's; measured on the pairs that overflow 16 bits first (255 x 127), at one row and at four, by the
+    op the graph runs."""
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    depth = 64
+    graph = helper.make_graph(
+        [helper.make_node("MatMulIntegerToFloat", ["codes", "weight", "one", "one", "zero"], ["sums"],
+                          domain="com.microsoft")], "pairs",
+        [helper.make_tensor_value_info("codes", TensorProto.UINT8, ["rows", depth])],
+        [helper.make_tensor_value_info("sums", TensorProto.FLOAT, ["rows", 1])],
+        [numpy_helper.from_array(np.full((depth, 1), 127, np.int8), "weight"),
+         numpy_helper.from_array(np.float32(1), "one"), numpy_helper.from_array(np.uint8(128), "zero")])
+    opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+    session = ort.InferenceSession(helper.make_model(graph, opset_imports=opsets).SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    exact = (255 - 128) * 127 * depth  # below 2**24: exact in float32
+    for rows in (1, 4):
+        got = session.run(None, {"codes": np.full((rows, depth), 255, np.uint8)})[0]
+        if not (got == exact).all():
+            return (f"this CPU's int8 kernel does not sum uint8 x int8 products exactly ({float(got.flat[0]):,.0f} "
+                    f"where {exact:,} is exact, {rows} row(s): its pairs saturate in 16 bits without VNNI), so w8a8's "
+                    f"products would not be W8A8Linear's; use int4 weights")
+    return None
+
+
 def w8a8_products(path: Path) -> None:
     """The float graph at `path` rewritten in place with every product by a constant weight (each layer's and the LM
     head's) as execution/quantize.W8A8Linear computes it: the weight int8 per output channel (int8_grid, the same
@@ -137,6 +168,8 @@ def w8a8_products(path: Path) -> None:
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
+    if (why := int8_sums_exact()) is not None:
+        raise BuildFailed(why)
     model = onnx.load(str(path))
     graph = model.graph
     weights = {i.name: i for i in graph.initializer}

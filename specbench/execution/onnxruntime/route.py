@@ -9,7 +9,7 @@ import importlib.util
 import torch
 
 from specbench.errors import SpecbenchError
-from specbench.execution.onnxruntime.export import PREFILL_GRAPH, BuildFailed, export
+from specbench.execution.onnxruntime.export import PREFILL_GRAPH, W8A8, BuildFailed, export, int8_sums_exact
 from specbench.execution.onnxruntime.forward import OnnxRuntimeForward
 from specbench.models.loading import LoadedModel
 from specbench.models.shape import cache_problem
@@ -28,13 +28,15 @@ def unsupported(dtype: torch.dtype, device: torch.device, weights: str = "fp") -
         return "the onnxruntime backend runs on the CPU"
     if dtype != torch.float32:
         return "the onnxruntime backend runs float32 activations (eval.dtype=float32)"
+    if weights == W8A8:  # the graph's premise, measured on this machine (export.int8_sums_exact)
+        return int8_sums_exact()
     return weights_problem(weights)
 
 
 def weights_problem(weights: str) -> str | None:
     """Why the builder cannot write these weights (a config or format name), None when it can."""
     head = weights.partition("_g")[0]
-    if head not in ("fp", "int8", "int4", "w8a8"):
+    if head not in ("fp", "int8", "int4", W8A8):
         return f"the onnxruntime backend runs the builder's weights (fp, int8, int4) or w8a8, not {head}"
     return None
 
