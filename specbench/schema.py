@@ -29,7 +29,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from specbench.config import build
 from specbench.data.datastore import answered_turns
-from specbench.data.prompts import HELD_OUT_FROM, check_prompts, read_jsonl
+from specbench.data.prompts import HELD_OUT_FROM, check_prompts, distilled_turns, read_jsonl
 from specbench.errors import SpecbenchError
 from specbench.evaluation.methods import resolve_entries
 from specbench.execution.value import Execution
@@ -217,7 +217,7 @@ def _validate(cfg: DictConfig) -> None:
         check_schema("method.train", _resolved(cfg, "method.train"), TrainSchema)
         check_schema("method.train.data", _resolved(cfg, "method.train.data"), TrainDataSchema)
         data = cfg.method.train.data  # held-out prompts stay out of a drafter's data
-        check_prompts((data.self_distill or {}).get("turns") or "first", data.num_conversations,
+        check_prompts(distilled_turns(data.self_distill), data.num_conversations,
                       "method.train.data.num_conversations")
     shared = [k for k in cfg if k not in ("method", "tree", "accept")]
     for key in _targets(cfg, shared):

@@ -29,7 +29,7 @@ import numpy as np
 from pydivsufsort import divsufsort
 from tqdm.auto import tqdm
 
-from specbench.data.prompts import HELD_OUT_FROM, training_prompts
+from specbench.data.prompts import HELD_OUT_FROM, distilled_turns, training_prompts
 from specbench.errors import SpecbenchError
 from specbench.models.loading import cache_root
 
@@ -235,7 +235,7 @@ def build_index(documents: list[list[int]], described: str, tokenizer, model_nam
 def answered_turns(settings) -> str:
     """The user turns a datastore's settings index: a self-distilled corpus's `turns`, else ShareGPT's conversations,
     which start at their first turns."""
-    return (settings.get("turns") or "first") if settings.get("corpus") == "self_distilled" else "first"
+    return distilled_turns(settings) if settings.get("corpus") == "self_distilled" else "first"
 
 
 def sharegpt_documents(tokenizer, num_conversations: int, chat_template: bool,

@@ -95,6 +95,12 @@ TURNS = ("first", "all")  # which user turns of the held-in conversations a draf
 MIN_CHARS = 20  # turns=all leaves out shorter turns ('continue', 'go on'): alone they ask nothing
 
 
+def distilled_turns(self_distill) -> str:
+    """Which user turns self-distillation settings (a drafter's `self_distill`, a datastore's settings) answer: their
+    `turns`, first when unset or null; first without self-distillation (None)."""
+    return (self_distill or {}).get("turns") or "first"
+
+
 def check_prompts(turns: str, count: int, key: str = "num_conversations") -> None:
     """One line for a turns choice or a count of first turns that would reach ShareGPT's held-out evaluation
     conversations (HELD_OUT_FROM on), before any model or data loads."""

@@ -22,6 +22,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
 from specbench.config import build
+from specbench.data.prompts import distilled_turns
 from specbench.errors import SpecbenchError
 from specbench.evaluation.run_folder import run_folder_lock
 from specbench.models.artifact import save_artifact
@@ -58,7 +59,7 @@ def _caption(cfg: DictConfig, device: str) -> str:
     data = cfg.method.train.data
     if data.self_distill is None:
         source = "human-written ShareGPT conversations"
-    elif (data.self_distill.get("turns") or "first") == "all":
+    elif distilled_turns(data.self_distill) == "all":
         source = "self-distilled answers to ShareGPT user turns"
     else:
         source = "self-distilled answers to ShareGPT first turns"

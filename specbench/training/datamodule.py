@@ -17,7 +17,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from specbench.data.prompts import check_prompts, training_prompts
+from specbench.data.prompts import check_prompts, distilled_turns, training_prompts
 from specbench.errors import SpecbenchError
 from specbench.training.features import FeatureStore, model_fingerprint
 from specbench.training.self_distill import cache_file, feature_dir, generate_responses, read_cache, read_responses
@@ -34,7 +34,7 @@ class ShareGPTDataModule(L.LightningDataModule):
                                  f"num_conversations={num_conversations}")
         if self_distill is not None and generator is None:
             raise SpecbenchError("self-distillation needs the target to write the responses (generator=...)")
-        self.turns = "first" if self_distill is None else self_distill.get("turns", "first")
+        self.turns = distilled_turns(self_distill)
         check_prompts(self.turns, num_conversations, "train.data.num_conversations")
         if not isinstance(feature_cache, bool):
             raise SpecbenchError(f"train.data.feature_cache={feature_cache!r} is invalid: true (the target's hidden "
