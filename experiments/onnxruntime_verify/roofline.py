@@ -2,8 +2,9 @@
 measured bandwidth, and its FLOPs over the machine's measured int8 peak, beside the step as measured.
 
 The bytes are each side's own: the weights its linears and LM head read (for the route and ONNX Runtime GenAI, the
-MatMulNBits initializers of the builder's graph; for the w8a8 route, its int8 weights and their scales; for llama.cpp, the GGUF, whose embedding table is the tied LM head; for
-OpenVINO GenAI, the IR's weights file, an upper bound since its embedding table is in it and a step reads one row)
+MatMulNBits initializers of the builder's graph; for the w8a8 route, its int8 weights and their scales; for llama.cpp,
+the GGUF, whose embedding table is the tied LM head; for OpenVINO GenAI, the IR's weights file, an upper bound since
+its embedding table is in it and a step reads one row)
 and the cache at the context in the precision each keeps it (float32 in ONNX Runtime's shared buffer, float16 in
 llama.cpp's default cache, the OpenVINO CPU plugin's KV_CACHE_PRECISION with a scale and zero point per token and
 head). The FLOPs are the project's cost model's (hardware/modelled/ops.py) for n rows over the context. The peaks are

@@ -6,10 +6,9 @@ n rows (int4_g32, the builder's, and w8a8, export.w8a8_products), L(n) for n = 1
 attention, or the whole call, to two rows: forward.py says why), and the openvino int8 route's (the previous verify
 target) at 1, 2 and 4 rows, each on the prompt's cache and then cropped back as a rejected draft leaves it; and the
 one-row step of ONNX Runtime GenAI (the builder's int4 model, its own loop), OpenVINO GenAI (an int8 IR) and
-llama.cpp (the GGUF as shipped). The median of
-every side, with its ratio to the fastest engine's step. Then each onnxruntime route's rows: the machine's row check
-on its chains, and how far a one-row call (its attention padded, and nothing padded) is from the same row in a call of
-two.
+llama.cpp (the GGUF as shipped). The median of every side, with its ratio to the fastest engine's step. Then each
+onnxruntime route's rows: the machine's row check on its chains, and how far a one-row call (its attention padded, and
+nothing padded) is from the same row in a call of two.
 
     python experiments/onnxruntime_verify/step_speed.py [--contexts 128 512 1024 2048] [--rounds 3] [--steps 16]
         [--out experiments/onnxruntime_verify/steps.csv] [--routes 'onnxruntime int4_g32' 'onnxruntime w8a8']
