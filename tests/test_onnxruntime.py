@@ -38,10 +38,10 @@ def test_a_trees_first_path_follows_each_nodes_first_child_with_its_draft_probab
 
 @needs_onnxruntime
 @pytest.mark.slow
-@pytest.mark.parametrize("weights", ["int4_g32", "w8a8"])
+@pytest.mark.parametrize("weights", ["int4_g32", "w8a8", "w8a8s"])
 def test_an_int8_activation_route_decodes_chains_as_its_plain_decoding_where_this_cpu_keeps_their_rows(
         weights, tiny, tmp_path, monkeypatch):
-    """int4_g32 and w8a8 (int8 activations): a one-row call pads its attention, and its other layers only where a
+    """int4_g32, w8a8 and w8a8s (int8 activations): a one-row call pads its attention, and its other layers only where a
     lone row keeps its bits there; trees are cut to their first path; and where the machine's row check finds the
     chains' rows bitwise, greedy speculation returns the route's plain decoding (prompts split as measured and, where
     the route has a prefill graph, every prompt by it)."""
@@ -49,7 +49,7 @@ def test_an_int8_activation_route_decodes_chains_as_its_plain_decoding_where_thi
     from specbench.execution.value import Execution
 
     monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
-    if weights == "w8a8" and (why := int8_sums_exact()) is not None:
+    if weights.startswith("w8a8") and (why := int8_sums_exact()) is not None:
         pytest.skip(why)
     run = Execution("onnxruntime", "float32", weights).apply(tiny)
     model = run.model
@@ -74,7 +74,7 @@ def test_an_int8_activation_route_decodes_chains_as_its_plain_decoding_where_thi
     monkeypatch.setattr(forward_module.SessionBinding, "run",
                         lambda self, logits: ran.update([self.session is not model.session]) or run_binding(self, logits))
     accepted = 0
-    has_prefill = (export(tiny, weights) / PREFILL_GRAPH).exists()  # w8a8 has none: its products are one kernel
+    has_prefill = (export(tiny, weights) / PREFILL_GRAPH).exists()  # w8a8(s) has none: one kernel for all rows
     for prefill_rows in (model.prefill_rows, 1 if has_prefill else None):  # as measured here, then all by prefill.onnx
         model.prefill_rows = prefill_rows
         for text in ["the cat sat on the mat and the cat sat on the hat", "abc abc abc abd abc", "hello world " * 6]:
@@ -253,6 +253,46 @@ def test_w8a8_products_quantise_each_row_alone_and_sum_its_codes_exactly(tmp_pat
     reference = (x_codes @ w_codes) * x_scale * w_scale  # integer sums below 2**24: exact in float64
     np.testing.assert_allclose(out, reference, rtol=1e-5, atol=0)
     for start, rows in ((0, 1), (3, 1), (2, 3), (5, 2)):
+        part = session.run(None, {"x": np.ascontiguousarray(x[:, start:start + rows])})[0]
+        assert np.array_equal(part, out[:, start:start + rows])
+
+
+@needs_onnxruntime
+def test_w8a8s_products_quantise_by_calibrated_smoothed_constants(tmp_path):
+    """export.w8a8_products with calibrated ranges (w8a8s) on a one-product float graph: each channel divided by its
+    SmoothQuant smoothing and quantised by one scale for all, the weights' rows multiplied by the smoothing first; its
+    output is that arithmetic, a value past the calibrated range saturates, and a row's output is the same bit for bit
+    in any call."""
+    import numpy as np
+    import onnx
+    import onnxruntime as ort
+
+    from specbench.execution.onnxruntime.export import SMOOTHING, int8_sums_exact, w8a8_products
+
+    if (why := int8_sums_exact()) is not None:
+        pytest.skip(why)
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((96, 80)).astype(np.float32)
+    seen = np.abs(rng.standard_normal(96)).astype(np.float32) + 0.1
+    seen[7] = 50.0  # an outlier channel: smoothing moves it into the weights' row 7
+    path = one_product(tmp_path, w)
+    w8a8_products(path, {"w": seen})
+    assert [n.op_type for n in onnx.load(str(path)).graph.node] == ["Mul", "QuantizeLinear", "MatMulIntegerToFloat"]
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    x = (rng.standard_normal((1, 6, 96)) * seen / 3).astype(np.float32)
+    x[0, 2, 7] = 500.0  # ten times its calibrated range: saturates
+    out = session.run(None, {"x": x})[0]
+    smoothing = (seen ** SMOOTHING / np.abs(w).max(axis=1) ** (1 - SMOOTHING)).astype(np.float32)
+    scale = np.float32((seen / smoothing).max() / 127)
+    x_codes = np.clip(np.round(x * (1 / (smoothing * scale)).astype(np.float32)), -128, 127)
+    smoothed = w * smoothing[:, None]
+    w_scale = np.abs(smoothed).max(axis=0) / 127
+    w_codes = np.clip(np.round(smoothed / w_scale), -127, 127)
+    reference = (x_codes @ w_codes) * scale * w_scale
+    np.testing.assert_allclose(out, reference, rtol=1e-5, atol=1e-6)
+    assert x_codes[0, 2, 7] == 127  # the saturated value's code
+    np.testing.assert_allclose(out[0, [0, 1, 3]], (x[0, [0, 1, 3]] @ w), rtol=0.05, atol=0.5)  # near the float product
+    for start, rows in ((0, 1), (2, 1), (1, 3), (4, 2)):
         part = session.run(None, {"x": np.ascontiguousarray(x[:, start:start + rows])})[0]
         assert np.array_equal(part, out[:, start:start + rows])
 

@@ -281,7 +281,8 @@ def test_a_quantised_target_is_refused_a_second_format_or_a_prepacked_base(tiny)
 
 
 @pytest.mark.parametrize("override,match", [
-    ("model.weights=int3", "model.weights='int3' is unknown; valid choices: fp, int8, int4, w8a8, w4a8, w4a8r, auto"),
+    ("model.weights=int3", "model.weights='int3' is unknown; valid choices: fp, int8, int4, w8a8, w4a8, w4a8r, w8a8s, "
+                           "auto"),
     ("model.group_size=100", "model.group_size=100 is invalid for int4 weights: give one of 32, 64, 128, 256"),
     ("eval.profile_weights=[fp,int2]", "eval.profile_weights"),
     ("eval.plain_executions=[eager/bfloat16/int5]", "eval.plain_executions entry 'eager/bfloat16/int5' is invalid"),

@@ -2,7 +2,7 @@
 measured bandwidth, and its FLOPs over the machine's measured int8 peak, beside the step as measured.
 
 The bytes are each side's own: the weights its linears and LM head read (for the route and ONNX Runtime GenAI, the
-MatMulNBits initializers of the builder's graph; for the w8a8 route, its int8 weights and their scales; for llama.cpp,
+MatMulNBits initializers of the builder's graph; for the w8a8 and w8a8s routes, their int8 weights and scales; for llama.cpp,
 the GGUF, whose embedding table is the tied LM head; for OpenVINO GenAI, the IR's weights file, an upper bound since
 its embedding table is in it and a step reads one row)
 and the cache at the context in the precision each keeps it (float32 in ONNX Runtime's shared buffer, float16 in
@@ -31,8 +31,8 @@ from specbench.hardware.modelled.ops import op_costs
 from specbench.models.loading import load_model, resolve_path
 from specbench.models.shape import ModelShape
 
-ROUTE, W8A8, GENAI = "onnxruntime int4_g32", "onnxruntime w8a8", "onnxruntime genai"
-PRODUCTS = ("MatMulNBits", "MatMulIntegerToFloat")  # the quantised products of the builder's graph and of w8a8's
+ROUTE, W8A8, W8A8S, GENAI = "onnxruntime int4_g32", "onnxruntime w8a8", "onnxruntime w8a8s", "onnxruntime genai"
+PRODUCTS = ("MatMulNBits", "MatMulIntegerToFloat")  # the quantised products of the builder's graph and of w8a8(s)'s
 
 
 def main() -> None:
@@ -54,6 +54,7 @@ def main() -> None:
     sides = {  # side -> (weight bytes a step, cache bytes a token)
         ROUTE: (onnx_weights, cache_bytes(shape, 4.0)),
         W8A8: (product_bytes(export(loaded, "w8a8") / "model.onnx"), cache_bytes(shape, 4.0)),
+        W8A8S: (product_bytes(export(loaded, "w8a8s") / "model.onnx"), cache_bytes(shape, 4.0)),
         GENAI: (onnx_weights, cache_bytes(shape, 4.0)),
         "llama.cpp": (resolve_path(cfg.model.path).stat().st_size, cache_bytes(shape, 2.0)),
         "openvino genai": (ir_bytes(openvino_engine.export(loaded, "int8")), cache_bytes(shape, *openvino_cache())),

@@ -2,7 +2,7 @@
 interleaved; and what its rows compute against plain decoding's.
 
 For each context (one random prompt of that many tokens for every side): the onnxruntime routes' verify of a chain of
-n rows (int4_g32, the builder's, and w8a8, export.w8a8_products), L(n) for n = 1, 2, 3, 4, 8, 16 (n = 1 pads its
+n rows (int4_g32, the builder's, and w8a8 and w8a8s, export.w8a8_products), L(n) for n = 1, 2, 3, 4, 8, 16 (n = 1 pads its
 attention, or the whole call, to two rows: forward.py says why), and the openvino int8 route's (the previous verify
 target) at 1, 2 and 4 rows, each on the prompt's cache and then cropped back as a rejected draft leaves it; and the
 one-row step of ONNX Runtime GenAI (the builder's int4 model, its own loop), OpenVINO GenAI (an int8 IR) and
@@ -38,6 +38,7 @@ from specbench.models.loading import load_model
 
 ROUTES = {"onnxruntime int4_g32": (("onnxruntime", "int4_g32"), (1, 2, 3, 4, 8, 16)),
           "onnxruntime w8a8": (("onnxruntime", "w8a8"), (1, 2, 3, 4, 8, 16)),
+          "onnxruntime w8a8s": (("onnxruntime", "w8a8s"), (1, 2, 3, 4, 8, 16)),
           "openvino int8": (("openvino", "int8"), (1, 2, 4))}
 
 

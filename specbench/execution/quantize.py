@@ -33,11 +33,13 @@ from specbench.execution.int8_grid import per_channel_int8
 from specbench.execution.linears import fuse_projections, replace_linears
 from specbench.models.loading import LoadedModel
 
-FORMATS = ("fp", "int8", "int4", "w8a8", "w4a8", "w4a8r")  # fp: the weights as loaded (float32 or the run's dtype)
+FORMATS = ("fp", "int8", "int4", "w8a8", "w4a8", "w4a8r", "w8a8s")  # fp: the weights as loaded (float32 or the run's
+# dtype)
 # w4a8: int4 in groups with the activations quantised to int8 on the fly, OpenVINO's dynamic quantisation, the way its
 # GenAI engine decodes (model.backend=openvino only; execution/openvino/ says why it is no verify target); w4a8r: the
 # same, run row-invariant (every call of two rows or more, attention summed in an order fixed by each row's position),
-# so a verify on it is its own plain decoding
+# so a verify on it is its own plain decoding; w8a8s: w8a8 with each activation's scales fixed when the graph is built
+# (model.backend=onnxruntime only; execution/onnxruntime/export.w8a8_products says how)
 GROUPED = ("int4", "w4a8", "w4a8r")  # the formats named with their group size: int4_g64, w4a8_g64
 AUTO = "auto"  # model.weights=auto: the machine profile picks the format with the cheapest verify forward
 GROUP_SIZES = (32, 64, 128, 256)  # what _weight_int4pack_mm_for_cpu accepts
@@ -75,6 +77,9 @@ def backend_problem(weights: str, backend: str) -> str | None:
     head = split_format(weights)[0]
     if head in openvino.OWN_FORMATS and backend != "openvino":
         return f"{head} is OpenVINO's dynamic quantisation of activations: it runs on model.backend=openvino only"
+    if head in onnxruntime.OWN_FORMATS and backend != "onnxruntime":
+        return (f"{head} is built into ONNX Runtime's graph from calibrated ranges: it runs on "
+                "model.backend=onnxruntime only")
     if backend == "onnxruntime":
         return onnxruntime.weights_problem(weights)
     return None
@@ -84,8 +89,9 @@ def check_backend_weights(weights: str, backend: str) -> None:
     """One error line for model.weights a model.backend cannot run, before any model loads."""
     reason = backend_problem(weights, backend)
     if reason:
+        own = "onnxruntime" if split_format(weights)[0] in onnxruntime.OWN_FORMATS else "openvino"
         raise SpecbenchError(f"model.weights={weights} with model.backend={backend}: {reason}; set "
-                             f"model.backend=openvino")
+                             f"model.backend={own}")
 
 
 def format_name(weights: str, group_size: int) -> str:

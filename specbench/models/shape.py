@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from specbench.errors import SpecbenchError
 
-BYTES_PER = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.0, "w8a8": 1.0, "int4": 0.5}
+BYTES_PER = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.0, "w8a8": 1.0, "w8a8s": 1.0, "int4": 0.5}
 
 
 def bytes_per(dtype: str) -> float:

@@ -8,12 +8,13 @@ kind of kernel llama.cpp runs, and its GroupQueryAttention reads and writes the 
 
 - `export`: the builder's model and its verify graph (position ids and an attention bias fed to the attention), cached.
 - `forward`: OnnxRuntimeForward, the runtime adapter the methods call, batch 1, every call at least two rows.
-- `route`: a weight format's route (with_onnxruntime): fp, int8, int4_g<group>, w8a8 (export.w8a8_products).
+- `route`: a weight format's route (with_onnxruntime): fp, int8, int4_g<group>, w8a8 and w8a8s
+  (export.w8a8_products).
 """
 
-from specbench.execution.onnxruntime.export import INT4_GROUPS, BuildFailed, check_format, export
+from specbench.execution.onnxruntime.export import INT4_GROUPS, OWN_FORMATS, BuildFailed, check_format, export
 from specbench.execution.onnxruntime.forward import OnnxRuntimeForward
 from specbench.execution.onnxruntime.route import check_run, unsupported, weights_problem, with_onnxruntime
 
-__all__ = ["INT4_GROUPS", "BuildFailed", "OnnxRuntimeForward", "check_format", "check_run", "export", "unsupported",
-           "weights_problem", "with_onnxruntime"]
+__all__ = ["INT4_GROUPS", "OWN_FORMATS", "BuildFailed", "OnnxRuntimeForward", "check_format", "check_run", "export",
+           "unsupported", "weights_problem", "with_onnxruntime"]

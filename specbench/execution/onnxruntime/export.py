@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import io
+import json
 import logging
 import re
 import tempfile
@@ -41,6 +42,14 @@ LAYOUT = "verify_v5"
 PREFILL_GRAPH = "prefill.onnx"
 FLOAT_ACTIVATIONS = 1  # MatMulNBits' accuracy_level for float32 activations (4 multiplies by int8 ones)
 W8A8 = "w8a8"  # not the builder's: its float graph with every product int8 by int8 (w8a8_products)
+W8A8S = "w8a8s"  # w8a8 with each activation's scales fixed at build time (activation_ranges): this backend's own
+OWN_FORMATS = (W8A8S,)  # the formats no other backend runs
+FLOAT_GRAPH = (W8A8, W8A8S)  # the formats w8a8_products writes from the builder's float graph
+# SmoothQuant's migration strength alpha (Xiao et al., 2023): w8a8s divides each input channel by
+# max|x|^alpha / max|w|^(1 - alpha) before quantising it, and multiplies the weights' rows by the same. On SmolLM2, 0.8
+# kept perplexity nearest the float model's (experiments/onnxruntime_verify, section "w8a8s")
+SMOOTHING = 0.8
+CALIBRATION = (32, 256)  # the sequences and tokens of text the model samples for activation_ranges
 
 
 class BuildFailed(Exception):
@@ -48,13 +57,14 @@ class BuildFailed(Exception):
 
 
 def check_format(weights: str, key: str) -> None:
-    """One error line for weights no folder here is built in: fp32, int8, w8a8 or int4_g<group> (group 16 to 256)."""
+    """One error line for weights no folder here is built in: fp32, int8, w8a8, w8a8s or int4_g<group> (group 16 to
+    256)."""
     head, _, group = str(weights).partition("_g")
-    if head in ("fp32", "int8", W8A8) and not group:
+    if head in ("fp32", "int8", *FLOAT_GRAPH) and not group:
         return
     if head == "int4" and group.isdigit() and int(group) in INT4_GROUPS:
         return
-    raise SpecbenchError(f"{key}={weights!r} is invalid: give fp32, int8, w8a8 or int4_g<group> with a group of "
+    raise SpecbenchError(f"{key}={weights!r} is invalid: give fp32, int8, w8a8, w8a8s or int4_g<group> with a group of "
                          f"{', '.join(map(str, INT4_GROUPS))} (e.g. int4_g32)")
 
 
@@ -79,7 +89,7 @@ def export(loaded: LoadedModel, weights: str) -> Path:
 
     fp32 = with_dtype(loaded, "float32")
     head, _, group = weights.partition("_g")
-    head = "fp32" if weights == W8A8 else head  # w8a8_products quantises the float graph
+    head = "fp32" if weights in FLOAT_GRAPH else head  # w8a8_products quantises the float graph
 
     def save(tmp: Path) -> None:
         with tempfile.TemporaryDirectory() as scratch:
@@ -97,9 +107,11 @@ def export(loaded: LoadedModel, weights: str) -> Path:
         if group:
             check_group(tmp / "model.onnx", int(group))
         add_verify_inputs(tmp / "model.onnx", tmp / "verify.onnx")
-        if weights == W8A8:  # the verify graph first: it reads the float weights from model.onnx's file
+        if weights in FLOAT_GRAPH:  # the verify graph first: it reads the float weights from model.onnx's file
+            ranges = (activation_ranges(tmp, bos_token(loaded), min(CALIBRATION[1], loaded.max_context))
+                      if weights == W8A8S else None)
             for graph in ("verify.onnx", "model.onnx"):
-                w8a8_products(tmp / graph)
+                w8a8_products(tmp / graph, ranges)
         float_prefill(tmp / "verify.onnx", tmp / PREFILL_GRAPH)
 
     try:
@@ -152,21 +164,97 @@ def int8_sums_exact() -> str | None:
     return None
 
 
-def w8a8_products(path: Path) -> None:
+def bos_token(loaded: LoadedModel) -> int:
+    """The token activation_ranges starts the model's text from: its BOS token (else its EOS, else 0)."""
+    tokenizer = loaded.tokenizer
+    for token in (tokenizer.bos_token_id, tokenizer.eos_token_id):
+        if token is not None:
+            return int(token)
+    return 0
+
+
+def activation_ranges(folder: Path, bos: int, tokens: int) -> dict[str, np.ndarray]:
+    """For each product by a constant weight of the float graph folder/model.onnx (by its weight's name), the largest
+    |x| each of its input channels meets over text that the model samples from its own distribution: CALIBRATION's
+    sequences of `tokens` tokens from `bos`, with a fixed seed (ONNX Runtime GenAI's generator on that graph).
+
+    Why sampled and not a dataset's text: the scales then depend on the model alone (the execution layer reads no
+    data, and a benchmark's prompts are never its calibration). On SmolLM2 they kept perplexity near that of
+    ShareGPT's text (experiments/onnxruntime_verify, section "w8a8s")."""
+    import onnx
+    import onnxruntime as ort
+    import onnxruntime_genai as og
+    from onnx import TensorProto, helper
+
+    sequences, threads = CALIBRATION[0], torch.get_num_threads()
+    config = og.Config(str(folder))
+    config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}))
+    model = og.Model(config)
+    params = og.GeneratorParams(model)
+    params.set_search_options(do_sample=True, top_k=0, top_p=1.0, temperature=1.0, random_seed=0,
+                              batch_size=sequences, max_length=tokens, min_length=tokens)
+    generator = og.Generator(model, params)
+    generator.append_tokens(np.full((sequences, 1), bos, np.int32))
+    while not generator.is_done():
+        generator.generate_next_token()
+    texts = [np.asarray(generator.get_sequence(i), np.int64)[None] for i in range(sequences)]
+    del generator, model
+    graph = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+    products = {n.input[1]: n.input[0] for n in _weight_products(graph.graph)}
+    watched = sorted(set(products.values()))
+    graph.graph.output.extend(helper.make_tensor_value_info(x, TensorProto.FLOAT, None) for x in watched)
+    probe = folder / "ranges.onnx"  # beside model.onnx, so its external data resolves; removed below
+    onnx.save(graph, str(probe))
+    try:
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        session = ort.InferenceSession(str(probe), options, providers=["CPUExecutionProvider"])
+    finally:
+        probe.unlink()
+    decoder = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]
+    empty = {i.name: np.zeros((1, decoder["num_key_value_heads"], 0, decoder["head_size"]), np.float32)
+             for i in session.get_inputs() if i.name.startswith("past_key_values")}
+    largest: dict[str, np.ndarray] = {}
+    for ids in texts:
+        feed = {"input_ids": ids, "attention_mask": np.ones_like(ids), **empty}
+        for x, value in zip(watched, session.run(watched, feed)):
+            seen = np.abs(value).reshape(-1, value.shape[-1]).max(0)
+            largest[x] = np.maximum(largest[x], seen) if x in largest else seen
+    return {weight: largest[x] for weight, x in products.items()}
+
+
+def _weight_products(graph) -> list:
+    """The graph's products by a constant weight (MatMul by a 2-D initializer): what w8a8_products quantises."""
+    weights = {i.name: i for i in graph.initializer}
+    return [n for n in graph.node if n.op_type == "MatMul" and n.input[1] in weights
+            and len(weights[n.input[1]].dims) == 2]
+
+
+def w8a8_products(path: Path, ranges: dict[str, np.ndarray] | None = None) -> None:
     """The float graph at `path` rewritten in place with every product by a constant weight (each layer's and the LM
-    head's) as execution/quantize.W8A8Linear computes it: the weight int8 per output channel (int8_grid, the same
-    codes), each row of the activations quantised on its own when it arrives (max |x| -> 127), their product summed
-    exactly in int32, then scaled back per channel and per row. So each row's output depends on that row alone
-    whatever the kernel's blocking (W8A8Linear says why). MatMulIntegerToFloat runs MLAS's QGEMM, which packs the
-    weights once and runs a verify's few rows for little more than one, where MatMulNBits' int8-activation kernel
-    pays nearly a one-row product again for each (experiments/onnxruntime_verify, section "w8a8").
+    head's) on int8 weights, one scale per output channel (int8_grid), and int8 activations, their products summed
+    exactly in int32 and scaled back. Each activation is quantised once for all the products that read it:
+
+    - w8a8 (`ranges` None), as execution/quantize.W8A8Linear computes it: each row on its own when it arrives
+      (max |x| -> 127), so each row's output depends on that row alone whatever the kernel's blocking (W8A8Linear says
+      why), at the price of some small nodes a row: a max, a scale, and a multiply by it after each product.
+    - w8a8s (`ranges`, activation_ranges'): by constants, one per input channel. SmoothQuant's smoothing s =
+      max|x|^SMOOTHING / max|w|^(1 - SMOOTHING) moves the channels' outliers into the weights (whose rows are
+      multiplied by s before they are quantised), and the channels divided by s share one scale (their largest
+      calibrated value -> 127). One QuantizeLinear an activation and the product itself: a row's codes are its own by
+      construction, and a value past the calibrated range saturates.
+
+    MatMulIntegerToFloat runs MLAS's QGEMM, which packs the weights once and runs a verify's few rows for little more
+    than one, where MatMulNBits' int8-activation kernel pays nearly a one-row product again for each
+    (experiments/onnxruntime_verify, sections "w8a8" and "w8a8s").
 
     Why by hand: neither ONNX Runtime's quantiser nor a contrib op quantises activations per row (DynamicQuantizeLinear
-    and DynamicQuantizeMatMul take one scale for the whole call, which makes a row's codes depend on the other rows).
-    MLAS's fast kernels take uint8 activations by int8 weights (int8 by int8 falls to a slow one), so a row's codes
-    are shifted by a zero point of 128: the same integer sums as W8A8Linear's int8 codes."""
+    and DynamicQuantizeMatMul take one scale for the whole call, which makes a row's codes depend on the other rows),
+    and its static quantiser calibrates and smooths through a data reader over the whole graph, the attention
+    included. MLAS's fast kernels take uint8 activations by int8 weights (int8 by int8 falls to a slow one), so the
+    codes are shifted by a zero point of 128: the same integer sums as int8 codes."""
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from onnx import numpy_helper
 
     if (why := int8_sums_exact()) is not None:
         raise BuildFailed(why)
@@ -177,46 +265,42 @@ def w8a8_products(path: Path) -> None:
     for node in graph.node:
         for name in node.input:
             uses[name] = uses.get(name, 0) + 1
-    products = [n for n in graph.node if n.op_type == "MatMul" and n.input[1] in weights
-                and len(weights[n.input[1]].dims) == 2]
+    products = _weight_products(graph)
     if not products:
         raise BuildFailed(f"the builder's float graph {path} has no product by a constant weight to quantise")
+    readers: dict[str, list[str]] = {}  # an activation -> the weights of the products that read it
+    for node in products:
+        readers.setdefault(node.input[0], []).append(node.input[1])
+    graph.initializer.extend([numpy_helper.from_array(np.uint8(128), "specbench/w8a8/128"),
+                              numpy_helper.from_array(np.float32(1), "specbench/w8a8/1")])
+    if ranges is None:  # what _per_row's nodes read
+        graph.initializer.extend([numpy_helper.from_array(np.array([-1], np.int64), "specbench/w8a8/last_axis"),
+                                  numpy_helper.from_array(np.float32(127), "specbench/w8a8/127")])
     quantise = {id(n) for n in products}
-    graph.initializer.extend([numpy_helper.from_array(np.array([-1], np.int64), "specbench/w8a8/last_axis"),
-                              numpy_helper.from_array(np.float32(127), "specbench/w8a8/127"),
-                              numpy_helper.from_array(np.float32(1), "specbench/w8a8/1"),
-                              numpy_helper.from_array(np.uint8(128), "specbench/w8a8/128")])
-    quantised: dict[str, tuple[str, str]] = {}  # an activation -> its codes and row scales, once for its products
-    zeros: list[str] = []  # the codes' zero points, one a row: every layer's products run the call's rows
+    quantised: dict[str, _Codes] = {}  # an activation -> its codes, once for its products
+    zeros: list[str] = []  # w8a8's per-row zero points: every layer's products run the call's rows
     new: list = []
     for node in graph.node:
         if id(node) not in quantise:
             new.append(node)
             continue
         x, name = node.input[0], node.input[1]
-        w = numpy_helper.to_array(weights[name]).astype(np.float32)  # [in, out]
         if x not in quantised:
-            # an all-zero row gets a scale of 0, so its product is 0 whatever its codes: no floor needed
             p = f"specbench/w8a8/{len(quantised)}"
-            new += [helper.make_node("Abs", [x], [f"{p}/abs"]),
-                    helper.make_node("ReduceMax", [f"{p}/abs", "specbench/w8a8/last_axis"], [f"{p}/max"]),
-                    helper.make_node("Div", [f"{p}/max", "specbench/w8a8/127"], [f"{p}/scale"])]
-            if not zeros or node is products[-1]:  # the LM head may project fewer rows (the verify's logits_rows)
-                zeros.append(f"{p}/zero")
-                new += [helper.make_node("Shape", [f"{p}/scale"], [f"{p}/scale_shape"]),
-                        helper.make_node("Expand", ["specbench/w8a8/128", f"{p}/scale_shape"], [zeros[-1]])]
-            new.append(helper.make_node("QuantizeLinear", [x, f"{p}/scale", zeros[-1]], [f"{p}/codes"], axis=-1,
-                                        block_size=w.shape[0]))  # one block a row: its own scale
-            quantised[x] = (f"{p}/codes", f"{p}/scale")
-        codes, row_scale = quantised[x]
+            if ranges is None:
+                lm_head = node is products[-1]  # the LM head may project fewer rows (the verify's logits_rows)
+                quantised[x], nodes = _per_row(x, p, zeros, lm_head, weights[name].dims[0])
+            else:
+                matrices = [numpy_helper.to_array(weights[w]) for w in readers[x]]
+                quantised[x], nodes, constants = _by_constants(x, p, [ranges[w] for w in readers[x]], matrices)
+                graph.initializer.extend(constants)
+            new += nodes
+        codes = quantised[x]
+        w = numpy_helper.to_array(weights[name]).astype(np.float32) * codes.smoothing[:, None]  # [in, out]
         weight_codes, scales = per_channel_int8(torch.from_numpy(w).t())  # the graph's weight is [in, out]
         graph.initializer.extend([numpy_helper.from_array(weight_codes.t().contiguous().numpy(), f"{name}/int8"),
                                   numpy_helper.from_array(scales.numpy(), f"{name}/scale")])
-        out, p = node.output[0], f"specbench/w8a8/{name}"
-        new += [helper.make_node("MatMulIntegerToFloat", [codes, f"{name}/int8", "specbench/w8a8/1",
-                                                          f"{name}/scale", "specbench/w8a8/128"], [f"{p}/by_channel"],
-                                 domain="com.microsoft"),
-                helper.make_node("Mul", [f"{p}/by_channel", row_scale], [out])]
+        new += codes.product(node.output[0], name)
         uses[name] -= 1
     kept = [i for i in graph.initializer if uses.get(i.name, 1) > 0]
     del graph.initializer[:]
@@ -226,6 +310,66 @@ def w8a8_products(path: Path) -> None:
     data = path.with_name(path.name + ".data")
     data.unlink(missing_ok=True)  # onnx appends external data to an existing file
     onnx.save(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=data.name)
+
+
+class _Codes:
+    """An activation's uint8 codes in w8a8_products' graph and how a product by them is written: `scale`, the codes'
+    scale as MatMulIntegerToFloat's a_scale (one for the call; 1 where each row has its own), `row_scale`, the rows'
+    own scales to multiply the product by (None where there are none), and `smoothing`, what the weights' rows are
+    multiplied by first (ones but for w8a8s)."""
+
+    def __init__(self, codes: str, scale: str, row_scale: str | None, smoothing: np.ndarray) -> None:
+        self.codes, self.scale, self.row_scale, self.smoothing = codes, scale, row_scale, smoothing
+
+    def product(self, out: str, weight: str) -> list:
+        """The nodes of the product by `weight`'s int8 codes and channel scales, written to `out`."""
+        from onnx import helper
+
+        inputs = [self.codes, f"{weight}/int8", self.scale, f"{weight}/scale", "specbench/w8a8/128"]
+        if self.row_scale is None:
+            return [helper.make_node("MatMulIntegerToFloat", inputs, [out], domain="com.microsoft")]
+        by_channel = f"specbench/w8a8/{weight}/by_channel"
+        return [helper.make_node("MatMulIntegerToFloat", inputs, [by_channel], domain="com.microsoft"),
+                helper.make_node("Mul", [by_channel, self.row_scale], [out])]
+
+
+def _per_row(x: str, p: str, zeros: list[str], own_zero: bool, width: int) -> tuple[_Codes, list]:
+    """w8a8's codes of activation `x` (`width` channels), each row by its own scale (max |x| / 127); an all-zero row
+    gets a scale of 0, so its product is 0 whatever its codes: no floor needed. The zero point is one a row
+    (QuantizeLinear's blocks), one tensor for every product of the call's rows (`zeros`), its own where `own_zero`."""
+    from onnx import helper
+
+    nodes = [helper.make_node("Abs", [x], [f"{p}/abs"]),
+             helper.make_node("ReduceMax", [f"{p}/abs", "specbench/w8a8/last_axis"], [f"{p}/max"]),
+             helper.make_node("Div", [f"{p}/max", "specbench/w8a8/127"], [f"{p}/scale"])]
+    if not zeros or own_zero:
+        zeros.append(f"{p}/zero")
+        nodes += [helper.make_node("Shape", [f"{p}/scale"], [f"{p}/scale_shape"]),
+                  helper.make_node("Expand", ["specbench/w8a8/128", f"{p}/scale_shape"], [zeros[-1]])]
+    nodes.append(helper.make_node("QuantizeLinear", [x, f"{p}/scale", zeros[-1]], [f"{p}/codes"], axis=-1,
+                                  block_size=width))  # one block a row: its own scale
+    return _Codes(f"{p}/codes", "specbench/w8a8/1", f"{p}/scale", np.ones(width, np.float32)), nodes
+
+
+def _by_constants(x: str, p: str, ranges: list[np.ndarray], matrices: list[np.ndarray]) -> tuple[_Codes, list, list]:
+    """w8a8s's codes of activation `x`: each channel by a constant scale, from the calibrated |x| of the products
+    that read it (`ranges`) and their weights ([in, out] `matrices`), smoothed (w8a8_products says how); the nodes and
+    the constants they read."""
+    from onnx import helper, numpy_helper
+
+    tiny = np.float32(1e-5)  # a channel the calibration never saw move, or a weight row of zeros
+    seen = np.maximum(np.max(ranges, axis=0), tiny)
+    weight = np.maximum(np.max([np.abs(m).max(1) for m in matrices], axis=0), tiny)
+    smoothing = np.maximum(seen ** SMOOTHING / weight ** (1 - SMOOTHING), tiny).astype(np.float32)
+    scale = np.float32((seen / smoothing).max() / 127)
+    # a multiply by each channel's reciprocal, then QuantizeLinear by one scale of 1: MLAS's per-tensor kernel, where a
+    # scale per channel (QuantizeLinear's axis) runs a loop several times slower than the product after it
+    constants = [numpy_helper.from_array((1 / (smoothing * scale)).astype(np.float32), f"{p}/reciprocal"),
+                 numpy_helper.from_array(scale, f"{p}/scale")]
+    nodes = [helper.make_node("Mul", [x, f"{p}/reciprocal"], [f"{p}/scaled"]),
+             helper.make_node("QuantizeLinear", [f"{p}/scaled", "specbench/w8a8/1", "specbench/w8a8/128"],
+                              [f"{p}/codes"])]
+    return _Codes(f"{p}/codes", f"{p}/scale", None, smoothing), nodes, constants
 
 
 def add_verify_inputs(source: Path, out: Path) -> None:

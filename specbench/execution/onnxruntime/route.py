@@ -9,13 +9,13 @@ import importlib.util
 import torch
 
 from specbench.errors import SpecbenchError
-from specbench.execution.onnxruntime.export import PREFILL_GRAPH, W8A8, BuildFailed, export, int8_sums_exact
+from specbench.execution.onnxruntime.export import FLOAT_GRAPH, PREFILL_GRAPH, BuildFailed, export, int8_sums_exact
 from specbench.execution.onnxruntime.forward import OnnxRuntimeForward
 from specbench.models.loading import LoadedModel
 from specbench.models.shape import cache_problem
 
 # model.weights -> the builder's precision: fp keeps float32 weights; int4 goes in groups of model.group_size; w8a8
-# is the float graph quantised by export.w8a8_products
+# and w8a8s are the float graph quantised by export.w8a8_products
 BUILDER_FORMATS = {"fp": "fp32", "int8": "int8"}
 INSTALL = "a core dependency: pip install -e . installs onnxruntime-genai and onnx-ir"
 
@@ -28,7 +28,7 @@ def unsupported(dtype: torch.dtype, device: torch.device, weights: str = "fp") -
         return "the onnxruntime backend runs on the CPU"
     if dtype != torch.float32:
         return "the onnxruntime backend runs float32 activations (eval.dtype=float32)"
-    if weights == W8A8:  # the graph's premise, measured on this machine (export.int8_sums_exact)
+    if weights in FLOAT_GRAPH:  # the graph's premise, measured on this machine (export.int8_sums_exact)
         return int8_sums_exact()
     return weights_problem(weights)
 
@@ -36,8 +36,8 @@ def unsupported(dtype: torch.dtype, device: torch.device, weights: str = "fp") -
 def weights_problem(weights: str) -> str | None:
     """Why the builder cannot write these weights (a config or format name), None when it can."""
     head = weights.partition("_g")[0]
-    if head not in ("fp", "int8", "int4", W8A8):
-        return f"the onnxruntime backend runs the builder's weights (fp, int8, int4) or w8a8, not {head}"
+    if head not in ("fp", "int8", "int4", *FLOAT_GRAPH):
+        return f"the onnxruntime backend runs the builder's weights (fp, int8, int4), w8a8 or w8a8s, not {head}"
     return None
 
 
@@ -56,7 +56,7 @@ def check_run(dtype: str, weights: str, batch_size: int = 1, config=None) -> Non
 
 
 def builder_format(weights: str) -> str:
-    """The folder name of a route's weights: the builder's (fp32, int8, int4_g<group>), or w8a8."""
+    """The folder name of a route's weights: the builder's (fp32, int8, int4_g<group>), w8a8 or w8a8s."""
     return BUILDER_FORMATS.get(weights, weights)
 
 
