@@ -408,6 +408,7 @@ def test_onnxruntime_genai_decodes_a_model_built_here_as_our_plain_decoding_in_f
 def test_onnxruntime_weights_are_one_line_before_any_model_loads(tmp_path, monkeypatch):
     monkeypatch.setattr(eval_task, "setup_target", lambda cfg: pytest.fail("a model loaded"))
     with pytest.raises(SpecbenchError, match=r"^eval.engine_options.onnxruntime.weights='int4_g100' is invalid: give "
-                                             r"fp32, int8, w8a8 or int4_g<group> with a group of 16, 32, 64, 128, 256"):
+                                             r"fp32, int8, w8a8, w8a8s or int4_g<group> with a group of 16, 32, 64, "
+                                             r"128, 256"):
         eval_task.run(compose_cfg([*FAST, "eval.engines=[onnxruntime]",
                                    "eval.engine_options.onnxruntime.weights=int4_g100"], tmp_path))
