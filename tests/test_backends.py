@@ -752,10 +752,13 @@ def test_openvino_w4a8r_verifies_a_tree_bitwise_as_its_own_one_token_forwards_an
 @pytest.mark.parametrize("override, message", [
     ("model.weights=w4a8", "model.weights=w4a8 with model.backend=eager: .*set model.backend=openvino"),
     ("eval.plain_executions=[eager/bfloat16/w4a8_g64]", "entry 'eager/bfloat16/w4a8_g64' is invalid: .*openvino"),
-    ("model.weights=w8a8s", "^model.weights=w8a8s with model.backend=eager: w8a8s is built into ONNX Runtime's graph "
-                            ".*; set model.backend=onnxruntime$"),
+    ("model.weights=w8a8s", "^model.weights=w8a8s with model.backend=eager: w8a8s is built into ONNX Runtime's "
+                            "graph .*; set model.backend=onnxruntime$"),
+    ("eval.plain_executions=[eager/float32/w8a8s]", "entry 'eager/float32/w8a8s' is invalid: .*; give "
+                                                    "onnxruntime/float32/w8a8s$"),
 ])
-def test_a_backends_own_format_anywhere_else_is_one_line_before_the_model_loads(override, message, tmp_path, monkeypatch):
+def test_a_backends_own_format_anywhere_else_is_one_line_before_the_model_loads(override, message, tmp_path,
+                                                                               monkeypatch):
     from specbench.tasks import eval as eval_task
     from tests.conftest import compose_cfg
 

@@ -33,8 +33,8 @@ from specbench.execution.int8_grid import per_channel_int8
 from specbench.execution.linears import fuse_projections, replace_linears
 from specbench.models.loading import LoadedModel
 
-FORMATS = ("fp", "int8", "int4", "w8a8", "w4a8", "w4a8r", "w8a8s")  # fp: the weights as loaded (float32 or the run's
-# dtype)
+# fp: the weights as loaded (float32 or the run's dtype)
+FORMATS = ("fp", "int8", "int4", "w8a8", "w4a8", "w4a8r", "w8a8s")
 # w4a8: int4 in groups with the activations quantised to int8 on the fly, OpenVINO's dynamic quantisation, the way its
 # GenAI engine decodes (model.backend=openvino only; execution/openvino/ says why it is no verify target); w4a8r: the
 # same, run row-invariant (every call of two rows or more, attention summed in an order fixed by each row's position),
@@ -89,9 +89,14 @@ def check_backend_weights(weights: str, backend: str) -> None:
     """One error line for model.weights a model.backend cannot run, before any model loads."""
     reason = backend_problem(weights, backend)
     if reason:
-        own = "onnxruntime" if split_format(weights)[0] in onnxruntime.OWN_FORMATS else "openvino"
         raise SpecbenchError(f"model.weights={weights} with model.backend={backend}: {reason}; set "
-                             f"model.backend={own}")
+                             f"model.backend={owning_backend(weights)}")
+
+
+def owning_backend(weights: str) -> str:
+    """The backend to name where `backend_problem` refuses these weights: onnxruntime for its own formats, else
+    openvino (its own formats, and the builder's refusals)."""
+    return "onnxruntime" if split_format(weights)[0] in onnxruntime.OWN_FORMATS else "openvino"
 
 
 def format_name(weights: str, group_size: int) -> str:

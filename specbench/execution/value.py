@@ -15,7 +15,8 @@ from specbench.errors import SpecbenchError
 from specbench.execution.backends import BACKENDS, ONNXRUNTIME, OPENVINO, OWN_GRAPH, with_backend
 from specbench.execution.onnxruntime import INT4_GROUPS, with_onnxruntime
 from specbench.execution.openvino import group_error, with_openvino
-from specbench.execution.quantize import FORMATS, GROUP_SIZES, backend_problem, format_name, split_format, with_weights
+from specbench.execution.quantize import (FORMATS, GROUP_SIZES, backend_problem, format_name, owning_backend,
+                                          split_format, with_weights)
 from specbench.models.loading import DTYPES, LoadedModel, with_dtype
 
 
@@ -31,7 +32,7 @@ class Execution(NamedTuple):
     @classmethod
     def parse(cls, text: str, group_size: int = 32) -> Execution:
         """An eval.plain_executions entry: backend/dtype or backend/dtype/weights (weights fp, int8, w8a8, int4 with
-        model.group_size, or int4_g<group>; w4a8 and w4a8r on openvino only)."""
+        model.group_size, or int4_g<group>; w4a8 and w4a8r on openvino only, w8a8s on onnxruntime only)."""
         parts = str(text).split("/")
         ok = len(parts) in (2, 3) and parts[0] in BACKENDS and parts[1] in DTYPES
         if ok and len(parts) == 3:
@@ -47,7 +48,7 @@ class Execution(NamedTuple):
         reason = backend_problem(weights, parts[0])
         if reason:
             raise SpecbenchError(f"eval.plain_executions entry '{text}' is invalid: {reason}; give "
-                                 f"openvino/float32/{weights}")
+                                 f"{owning_backend(weights)}/float32/{weights}")
         return cls(parts[0], parts[1], weights)
 
     def apply(self, target: LoadedModel) -> LoadedModel:

@@ -6,7 +6,7 @@ inputs; `attention_rows` and `attention_kept`, the call's rows each attention no
 and those it hands on, so a one-row call can pad its attention alone (forward.py says why); and `logits_rows`, the
 rows the LM head projects (a prompt's last ones, not all of them); and, where its products take int8 activations,
 `prefill.onnx`, the verify graph with every int4 or int8 product on float activations, which a long prompt may run
-faster (forward.py measures from how many rows). The files share one weights file, but for `w8a8`
+faster (forward.py measures from how many rows). The files share one weights file, but for `w8a8` and `w8a8s`
 (w8a8_products), where each graph has its own.
 
 On a CPU the builder's int4 and int8 models multiply by int8 activations (MatMulNBits at accuracy level 4) and attend
@@ -241,8 +241,8 @@ def w8a8_products(path: Path, ranges: dict[str, np.ndarray] | None = None) -> No
     - w8a8s (`ranges`, activation_ranges'): by constants, one per input channel. SmoothQuant's smoothing s =
       max|x|^SMOOTHING / max|w|^(1 - SMOOTHING) moves the channels' outliers into the weights (whose rows are
       multiplied by s before they are quantised), and the channels divided by s share one scale (their largest
-      calibrated value -> 127). One QuantizeLinear an activation and the product itself: a row's codes are its own by
-      construction, and a value past the calibrated range saturates.
+      calibrated value -> 127). An activation is a Mul by its channels' reciprocal scales and a QuantizeLinear, a
+      product one node: a row's codes are its own by construction, and a value past the calibrated range saturates.
 
     MatMulIntegerToFloat runs MLAS's QGEMM, which packs the weights once and runs a verify's few rows for little more
     than one, where MatMulNBits' int8-activation kernel pays nearly a one-row product again for each
