@@ -298,6 +298,35 @@ def test_w8a8s_products_quantise_by_calibrated_smoothed_constants(tmp_path):
 
 
 @needs_onnxruntime
+def test_activation_ranges_are_each_products_input_maxima_and_the_same_on_every_build(tiny, tmp_path, monkeypatch):
+    """export.activation_ranges on the tiny model's float graph: a range for every product by a constant weight, as
+    wide as its input, never negative and not all zero, the same for the products that read one activation, and the
+    same again on a second call (the text it samples is seeded), so a w8a8s folder built again is the same model."""
+    import numpy as np
+    import onnx
+
+    from specbench.execution.onnxruntime.export import activation_ranges, bos_token, export
+
+    monkeypatch.setenv("SPECBENCH_CACHE", str(tmp_path / "cache"))
+    folder = export(tiny, "fp32")
+    graph = onnx.load(str(folder / "model.onnx"), load_external_data=False).graph
+    widths = {i.name: i.dims[0] for i in graph.initializer if len(i.dims) == 2}
+    products = [n for n in graph.node if n.op_type == "MatMul" and n.input[1] in widths]
+    ranges = activation_ranges(folder, bos_token(tiny), 64)
+    assert sorted(ranges) == sorted(n.input[1] for n in products)
+    for node in products:
+        seen = ranges[node.input[1]]
+        assert seen.shape == (widths[node.input[1]],) and (seen >= 0).all() and seen.max() > 0
+    readers = collections.defaultdict(list)
+    for node in products:
+        readers[node.input[0]].append(ranges[node.input[1]])
+    assert any(len(r) > 1 for r in readers.values())  # projections that read one activation (q, k, v or gate, up)
+    assert all(np.array_equal(r[0], other) for r in readers.values() for other in r[1:])
+    again = activation_ranges(folder, bos_token(tiny), 64)
+    assert all(np.array_equal(ranges[w], again[w]) for w in ranges)
+
+
+@needs_onnxruntime
 def test_w8a8_is_refused_in_one_line_where_this_cpus_int8_sums_are_not_exact(tmp_path, monkeypatch):
     """Where the machine's int8 kernel saturates its pairs of products (MLAS without VNNI), w8a8's graph is not built
     and a run naming it stops in one line before any model loads."""

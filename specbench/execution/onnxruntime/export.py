@@ -220,6 +220,7 @@ def activation_ranges(folder: Path, bos: int, tokens: int) -> dict[str, np.ndarr
         for x, value in zip(watched, session.run(watched, feed)):
             seen = np.abs(value).reshape(-1, value.shape[-1]).max(0)
             largest[x] = np.maximum(largest[x], seen) if x in largest else seen
+    # keyed by the product's weight: verify.onnx feeds the LM head through another tensor (logits_rows' Gather)
     return {weight: largest[x] for weight, x in products.items()}
 
 
