@@ -180,7 +180,9 @@ def activation_ranges(folder: Path, bos: int, tokens: int) -> dict[str, np.ndarr
 
     Why sampled and not a dataset's text: the scales then depend on the model alone (the execution layer reads no
     data, and a benchmark's prompts are never its calibration). On SmolLM2 they kept perplexity near that of
-    ShareGPT's text (experiments/onnxruntime_verify, section "w8a8s")."""
+    ShareGPT's text (experiments/onnxruntime_verify, section "w8a8s"). Why by hand and not ONNX Runtime's
+    MinMaxCalibrater: its per-channel ranges keep axis 1 (a convolution's channels), which for these [batch, tokens,
+    channels] activations is the tokens, and it watches every float tensor rather than the products' inputs."""
     import onnx
     import onnxruntime as ort
     import onnxruntime_genai as og
@@ -364,7 +366,7 @@ def _by_constants(x: str, p: str, ranges: list[np.ndarray], matrices: list[np.nd
     smoothing = np.maximum(seen ** SMOOTHING / weight ** (1 - SMOOTHING), tiny).astype(np.float32)
     scale = np.float32((seen / smoothing).max() / 127)
     # a multiply by each channel's reciprocal, then QuantizeLinear by one scale of 1: MLAS's per-tensor kernel, where a
-    # scale per channel (QuantizeLinear's axis) runs a loop several times slower than the product after it
+    # scale per channel (QuantizeLinear's axis) runs a slow loop (experiments/onnxruntime_verify, section "w8a8s")
     constants = [numpy_helper.from_array((1 / (smoothing * scale)).astype(np.float32), f"{p}/reciprocal"),
                  numpy_helper.from_array(scale, f"{p}/scale")]
     nodes = [helper.make_node("Mul", [x, f"{p}/reciprocal"], [f"{p}/scaled"]),
