@@ -37,8 +37,9 @@ from specbench.models.loading import LoadedModel, cache_root, with_dtype
 INT4_GROUPS = (16, 32, 64, 128, 256)  # the block sizes MatMulNBits takes
 WHAT = "ONNX Runtime GenAI model"
 # what add_verify_inputs writes and how the builder is asked for the weights (v4: the group by its own key; v5: the
-# prefill graph beside it); part of the cache key, so a changed layout is built again
-LAYOUT = "verify_v5"
+# prefill graph beside it; v6: w8a8s calibrated on text its own session samples); part of the cache key, so a changed
+# layout is built again
+LAYOUT = "verify_v6"
 PREFILL_GRAPH = "prefill.onnx"
 FLOAT_ACTIVATIONS = 1  # MatMulNBits' accuracy_level for float32 activations (4 multiplies by int8 ones)
 W8A8 = "w8a8"  # not the builder's: its float graph with every product int8 by int8 (w8a8_products)
@@ -176,31 +177,21 @@ def bos_token(loaded: LoadedModel) -> int:
 def activation_ranges(folder: Path, bos: int, tokens: int) -> dict[str, np.ndarray]:
     """For each product by a constant weight of the float graph folder/model.onnx (by its weight's name), the largest
     |x| each of its input channels meets over text that the model samples from its own distribution: CALIBRATION's
-    sequences of `tokens` tokens from `bos`, with a fixed seed (ONNX Runtime GenAI's generator on that graph).
+    sequences of `tokens` tokens from `bos`, the full vocabulary at temperature 1, no end token, a fixed seed.
 
     Why sampled and not a dataset's text: the scales then depend on the model alone (the execution layer reads no
     data, and a benchmark's prompts are never its calibration). On SmolLM2 they kept perplexity near that of
     ShareGPT's text (experiments/onnxruntime_verify, section "w8a8s"). Why by hand and not ONNX Runtime's
     MinMaxCalibrater: its per-channel ranges keep axis 1 (a convolution's channels), which for these [batch, tokens,
-    channels] activations is the tokens, and it watches every float tensor rather than the products' inputs."""
+    channels] activations is the tokens, and it watches every float tensor rather than the products' inputs. Why not
+    ONNX Runtime GenAI's sampler: over the full vocabulary it took ten times the forward's time a step (a sort per
+    sequence, presumably), most of a w8a8s build (experiments/onnxruntime_verify, section "w8a8s"); here one session
+    samples and watches the products' inputs in the same calls."""
     import onnx
     import onnxruntime as ort
-    import onnxruntime_genai as og
     from onnx import TensorProto, helper
 
-    sequences, threads = CALIBRATION[0], torch.get_num_threads()
-    config = og.Config(str(folder))
-    config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}))
-    model = og.Model(config)
-    params = og.GeneratorParams(model)
-    params.set_search_options(do_sample=True, top_k=0, top_p=1.0, temperature=1.0, random_seed=0,
-                              batch_size=sequences, max_length=tokens, min_length=tokens)
-    generator = og.Generator(model, params)
-    generator.append_tokens(np.full((sequences, 1), bos, np.int32))
-    while not generator.is_done():
-        generator.generate_next_token()
-    texts = [np.asarray(generator.get_sequence(i), np.int64)[None] for i in range(sequences)]
-    del generator, model
+    sequences = CALIBRATION[0]
     graph = onnx.load(str(folder / "model.onnx"), load_external_data=False)
     products = {n.input[1]: n.input[0] for n in _weight_products(graph.graph)}
     watched = sorted(set(products.values()))
@@ -209,19 +200,29 @@ def activation_ranges(folder: Path, bos: int, tokens: int) -> dict[str, np.ndarr
     onnx.save(graph, str(probe))
     try:
         options = ort.SessionOptions()
-        options.intra_op_num_threads = threads
+        options.intra_op_num_threads = torch.get_num_threads()
         session = ort.InferenceSession(str(probe), options, providers=["CPUExecutionProvider"])
     finally:
         probe.unlink()
-    decoder = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]
-    empty = {i.name: np.zeros((1, decoder["num_key_value_heads"], 0, decoder["head_size"]), np.float32)
-             for i in session.get_inputs() if i.name.startswith("past_key_values")}
+    config = json.loads((folder / "genai_config.json").read_text())["model"]
+    decoder, ends = config["decoder"], np.atleast_1d(config.get("eos_token_id", []))
+    past = {i.name: np.zeros((sequences, decoder["num_key_value_heads"], 0, decoder["head_size"]), np.float32)
+            for i in session.get_inputs() if i.name.startswith("past_key_values")}
+    presents = [name.replace("past_key_values", "present") for name in past]
+    ids, rng = np.full((sequences, 1), bos, np.int64), np.random.default_rng(0)
     largest: dict[str, np.ndarray] = {}
-    for ids in texts:
-        feed = {"input_ids": ids, "attention_mask": np.ones_like(ids), **empty}
-        for x, value in zip(watched, session.run(watched, feed)):
+    for step in range(tokens):
+        logits, *out = session.run(["logits", *presents, *watched],
+                                   {"input_ids": ids, "attention_mask": np.ones((sequences, step + 1), np.int64),
+                                    **past})
+        past = dict(zip(past, out[:len(presents)]))
+        for x, value in zip(watched, out[len(presents):]):
             seen = np.abs(value).reshape(-1, value.shape[-1]).max(0)
             largest[x] = np.maximum(largest[x], seen) if x in largest else seen
+        logits = logits[:, -1].astype(np.float64)
+        logits[:, ends] = -np.inf  # no end token: every sequence runs its `tokens` tokens
+        cumulative = np.cumsum(np.exp(logits - logits.max(1, keepdims=True)), 1)
+        ids = (cumulative < rng.random((sequences, 1)) * cumulative[:, -1:]).sum(1, keepdims=True)  # inverse CDF
     # keyed by the product's weight: verify.onnx feeds the LM head through another tensor (logits_rows' Gather)
     return {weight: largest[x] for weight, x in products.items()}
 
