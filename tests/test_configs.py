@@ -96,7 +96,9 @@ def test_the_default_run_compares_plain_decoding_pld_and_sssd_with_the_installed
     entries = [m if isinstance(m, str) else m["method"] for m in default.methods]
     assert entries == ["pld", "sssd"] and default.eval.max_new_tokens >= 64
     assert list(default.eval.engines) == ["installed"]
-    # on the engines' weight format, among the deployed runtimes; a named method keeps the model's float default
-    assert default.model.weights == "int4" and {"openvino", "onnxruntime"} <= set(default.eval.profile_backends)
+    # the machine chooses among the engines' weight format and ONNX Runtime's own int8 one, among the deployed
+    # runtimes; a named method keeps the model's float default
+    assert default.model.weights == "auto" and list(default.eval.profile_weights) == ["int4", "w8a8s"]
+    assert {"openvino", "onnxruntime"} <= set(default.eval.profile_backends)
     assert named.model.weights == "fp"
     assert named.methods is None and named.method.name == "medusa" and list(named.eval.engines) == []
