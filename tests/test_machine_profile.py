@@ -118,36 +118,37 @@ def test_the_own_graph_routes_refuse_a_sliding_window_cache_and_a_profile_of_not
     assert load(tiny).executions  # a full-attention model is untouched
 
 
-@pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("onnxruntime_genai", "openvino")),
-                    reason="the default run's deployed runtimes are not installed")
+@pytest.mark.skipif(importlib.util.find_spec("onnxruntime_genai") is None, reason="onnxruntime-genai is not installed")
 def test_the_default_runs_choice_weighs_w8a8s_where_it_is_lossless_and_openvino_refuses_it(tiny, measuring,
                                                                                              monkeypatch):
-    """method=first_look's profile: int4 and w8a8s on onnxruntime and openvino. openvino records w8a8s as
-    onnxruntime's own format, naming it; onnxruntime measures it where this CPU sums int8 products exactly
-    (export.int8_sums_exact) and records why not elsewhere; model.weights=auto then takes w8a8s, its verify priced
-    cheaper here, exactly where its row check passed, else int4, and int4 stays the fastest plain decoding."""
+    """method=first_look's profile weighs int4 and w8a8s. onnxruntime measures w8a8s where this CPU sums int8 products
+    exactly (export.int8_sums_exact) and records why not elsewhere; model.weights=auto then takes w8a8s, its verify
+    priced cheaper here, exactly where its row check passed, else int4, and int4 stays the fastest plain decoding.
+    openvino refuses w8a8s naming onnxruntime, before building anything. (OpenVINO's int4 route is not built here: a
+    process that has built and run it segfaulted when it then forked, as test_training's loader workers do.)"""
     from specbench.evaluation.precision import plan
     from specbench.execution.onnxruntime.export import int8_sums_exact
 
     def priced(model, sizes, contexts, repeats, statistic):  # w8a8s: a dearer row alone, a cheaper verify
         frame = fake_latency(model, sizes, contexts, repeats, statistic)
-        session = getattr(model, "session", None)
-        if session is not None and "-w8a8s" in str(getattr(session, "_model_path", "")):
+        if "-w8a8s" in str(getattr(model.session, "_model_path", "")):
             return frame.assign(ms=frame["ms"] + 2.0 - frame["tokens"])
         return frame.assign(ms=frame["ms"] + frame["tokens"])
 
     monkeypatch.setattr(machine_profile, "latency_profile", lambda *a, **k: measuring.append(a) or priced(*a, **k))
     profile = load_or_measure_profile(tiny, dtypes=["float32"], sizes=SIZES, contexts=CONTEXTS, repeats=1,
-                                      backends=["onnxruntime", "openvino"], weights=["int4_g32", "w8a8s"])
-    refused = profile.machine["unsupported"]
-    assert "model.backend=onnxruntime" in refused["openvino/float32/w8a8s"]
+                                      backends=["onnxruntime"], weights=["int4_g32", "w8a8s"])
     exact = int8_sums_exact() is None
     assert (("onnxruntime", "float32", "w8a8s") in profile.executions) == exact
-    assert exact or "int8" in refused["onnxruntime/float32/w8a8s"]
+    assert exact or "int8" in profile.machine["unsupported"]["onnxruntime/float32/w8a8s"]
     chosen = plan("auto", "auto", profile, 4, 16, "auto", ["int4_g32", "w8a8s"])
     takes_w8a8s = exact and profile.lossless(Execution("onnxruntime", "float32", "w8a8s"))
     assert chosen.weights == ("w8a8s" if takes_w8a8s else "int4_g32")
     assert chosen.fastest_plain.weights == "int4_g32"
+    with pytest.raises(SpecbenchError, match=r"openvino/float32/w8a8s: w8a8s is built into ONNX Runtime's graph from "
+                                             r"calibrated ranges: it runs on model.backend=onnxruntime only"):
+        load_or_measure_profile(tiny, dtypes=["float32"], sizes=SIZES, contexts=CONTEXTS, repeats=1,
+                                backends=["openvino"], weights=["w8a8s"])
 
 
 def test_a_longer_run_adds_a_context_and_each_executions_grid_stays_whole(tiny, measuring):
