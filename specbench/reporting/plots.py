@@ -22,6 +22,7 @@ from matplotlib import ticker  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.transforms import offset_copy  # noqa: E402
 
 from specbench.execution.value import Execution  # noqa: E402
 from specbench.names import PLAIN, is_plain  # noqa: E402
@@ -32,6 +33,7 @@ COLORS = [c for i, c in enumerate(plt.get_cmap("tab10").colors) if i != 7] + ["#
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "<", ">", "*", "h", "p"]
 FORMATS = ("png", "pdf")
 SPEEDUP_LABEL = "speedup (x), ratio of means, 95% CI,\nover the fastest plain decoding of the same weights:\n{}"
+LABEL_POINTS = 62  # the tick labels and SPEEDUP_LABEL's three lines, from the axes down
 
 
 def style(i: int) -> dict:
@@ -157,7 +159,10 @@ def speed_figure(summary: pd.DataFrame) -> Figure:
         anyw = summary["speedup_any"].to_numpy(dtype=float)
         ax1.scatter(anyw, y, marker="D", s=18, color="black", zorder=3,
                     label=f"over the fastest plain decoding\nof any weights: {_fastest(summary, 'fastest_plain_any')}")
-        ax1.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.35 - 0.6 / n), frameon=False)
+        # under the x label's three lines, by points: an anchor in axes fractions moved with the figure's height
+        # and sat on the label's last line
+        below = offset_copy(ax1.transAxes, fig=fig, y=-LABEL_POINTS, units="points")
+        ax1.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, 0), bbox_transform=below, frameon=False)
         right = np.fmax(right, anyw)
     for yi, (value, x) in enumerate(zip(mean, right)):
         if np.isfinite(value):
