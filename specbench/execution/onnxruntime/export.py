@@ -184,9 +184,9 @@ def activation_ranges(folder: Path, bos: int, tokens: int) -> dict[str, np.ndarr
     ShareGPT's text (experiments/onnxruntime_verify, section "w8a8s"). Why by hand and not ONNX Runtime's
     MinMaxCalibrater: its per-channel ranges keep axis 1 (a convolution's channels), which for these [batch, tokens,
     channels] activations is the tokens, and it watches every float tensor rather than the products' inputs. Why not
-    ONNX Runtime GenAI's sampler: over the full vocabulary it took ten times the forward's time a step (a sort per
-    sequence, presumably), most of a w8a8s build (experiments/onnxruntime_verify, section "w8a8s"); here one session
-    samples and watches the products' inputs in the same calls."""
+    ONNX Runtime GenAI's sampler: over the full vocabulary a step took ten times its greedy step, most of a w8a8s
+    build (experiments/onnxruntime_verify, section "w8a8s"); here one session samples and watches the products'
+    inputs in the same calls."""
     import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper
