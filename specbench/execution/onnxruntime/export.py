@@ -184,9 +184,10 @@ def activation_ranges(folder: Path, bos: int, tokens: int) -> dict[str, np.ndarr
     ShareGPT's text (experiments/onnxruntime_verify, section "w8a8s"). Why by hand and not ONNX Runtime's
     MinMaxCalibrater: its per-channel ranges keep axis 1 (a convolution's channels), which for these [batch, tokens,
     channels] activations is the tokens, and it watches every float tensor rather than the products' inputs. Why not
-    ONNX Runtime GenAI's sampler: over the full vocabulary a step took ten times its greedy step, most of a w8a8s
-    build (experiments/onnxruntime_verify, section "w8a8s"); here one session samples and watches the products'
-    inputs in the same calls."""
+    ONNX Runtime GenAI's sampler: over the full vocabulary it was most of a w8a8s build's time, and it takes one
+    append_tokens a generator at a batch above one, so its logits cannot be sampled outside it
+    (experiments/onnxruntime_verify, section "w8a8s"); here one session samples and watches the products' inputs in
+    the same calls."""
     import onnx
     import onnxruntime as ort
     from onnx import TensorProto, helper
@@ -222,7 +223,8 @@ def activation_ranges(folder: Path, bos: int, tokens: int) -> dict[str, np.ndarr
         logits = logits[:, -1].astype(np.float64)
         logits[:, ends] = -np.inf  # no end token: every sequence runs its `tokens` tokens
         cumulative = np.cumsum(np.exp(logits - logits.max(1, keepdims=True)), 1)
-        ids = (cumulative < rng.random((sequences, 1)) * cumulative[:, -1:]).sum(1, keepdims=True)  # inverse CDF
+        # inverse CDF by hand: numpy's Generator.choice draws from one distribution a call, and these are 32 a step
+        ids = (cumulative < rng.random((sequences, 1)) * cumulative[:, -1:]).sum(1, keepdims=True)
     # keyed by the product's weight: verify.onnx feeds the LM head through another tensor (logits_rows' Gather)
     return {weight: largest[x] for weight, x in products.items()}
 
